@@ -1,0 +1,387 @@
+"""The event loop: node and job events in, a fresh allocation out, every change recorded.
+
+One `step` handles one batch of events that arrived together: leaves first (the job gets off
+the node before anything else happens), then finished jobs, cancellations, joins and new jobs;
+then queued jobs are admitted up to `max_jobs` and the allocator re-divides the idle nodes.
+Time always comes from the clock, so replay and live runs share this code.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+from .allocator import Plan, allocate
+from .clock import Clock
+from .dispatchers.base import Dispatcher
+from .model import EVENT_PRIORITY, Event, EventKind, Job, JobState
+from .objective import OBJECTIVES, JobRequest, Problem
+from .policies import POLICIES, SOLVERS, make_policy
+from .store import Batch, Store, job_row
+
+QUEUE_ORDERS = ("fcfs", "priority")
+
+
+@dataclass
+class ControllerConfig:
+    policy: str = "milp"
+    solver: str = "dp"
+    objective: str = "throughput"
+    tfwd: float = 10.0
+    max_jobs: int = 10
+    queue: str = "fcfs"
+    time_limit: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown solver {self.solver!r}; choose one of {', '.join(SOLVERS)}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}")
+        if self.queue not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {self.queue!r}; choose fcfs or priority")
+        if self.tfwd <= 0 or self.max_jobs < 1 or self.time_limit <= 0:
+            raise ValueError("tfwd and time_limit must be positive, max_jobs at least 1")
+
+
+@dataclass
+class Counters:
+    events: int = 0
+    steps: int = 0
+    solves: int = 0
+    rescales: int = 0
+    preemptions: int = 0
+    jobs_submitted: int = 0
+    jobs_finished: int = 0
+    offered_node_s: float = 0.0
+    used_node_s: float = 0.0
+
+
+@dataclass
+class StepResult:
+    time: float
+    events: int
+    idle: int
+    used: int
+    running: int
+    queued: int
+    samples_per_second: float
+    objective: Optional[float] = None
+    solve_ms: Optional[float] = None
+    status: str = ""
+    changes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
+                 store: Optional[Store] = None, node_names: Sequence[str] = ()) -> None:
+        self.config = config or ControllerConfig()
+        self.policy = make_policy(self.config.policy, self.config.solver)
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.store = store
+        self.node_names = list(node_names)
+        self.idle: dict[str, float] = {}          # node -> idle since (offered by the source)
+        self.owner: dict[str, str] = {}           # node -> job holding it
+        self.held: dict[str, list[str]] = {}      # job -> nodes, in the order it got them
+        self.jobs: dict[str, Job] = {}
+        self.running: dict[str, None] = {}        # admission order = allocator order
+        self._queue: list[tuple] = []
+        self._seq = itertools.count()
+        self.n_queued = 0
+        self.counters = Counters()
+        self.solve_ms: list[float] = []
+        self.last_plan: Optional[Plan] = None
+        self._t_acc: Optional[float] = None
+        self._inbox: list[Event] = []
+        self._new_jobs: dict[str, Job] = {}
+        self.lock = threading.RLock()
+        self._batch = Batch()
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def start(self, idle: Sequence[str]) -> None:
+        """Record the machine and the nodes idle when the controller starts."""
+        now = self.clock.now()
+        with self.lock:
+            self._t_acc = now
+            for n in self.node_names:
+                self._batch.nodes[n] = {"name": n, "state": "busy", "since": now, "job": None}
+            for n in idle:
+                self.idle[n] = now
+                self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
+            self._batch.meta["config"] = asdict(self.config)
+
+    def submit(self, job: Job) -> None:
+        """Register a job; it is queued and considered at the next step."""
+        with self.lock:
+            if job.id in self.jobs or job.id in self._new_jobs:
+                raise ValueError(f"job id {job.id} already exists")
+            self._new_jobs[job.id] = job
+            self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
+
+    def cancel(self, job_id: str) -> None:
+        with self.lock:
+            if job_id not in self.jobs and job_id not in self._new_jobs:
+                raise KeyError(job_id)
+            self._inbox.append(Event(self.clock.now(), EventKind.JOB_CANCEL, job=job_id))
+
+    def post(self, event: Event) -> None:
+        with self.lock:
+            self._inbox.append(event)
+
+    # ---- the step -------------------------------------------------------------------------
+    def step(self, events: Sequence[Event] = (), force: bool = False) -> Optional[StepResult]:
+        with self.lock:
+            now = self.clock.now()
+            batch = sorted([*self._inbox, *events], key=lambda e: EVENT_PRIORITY[e.kind])
+            self._inbox.clear()
+            if not batch and not force:
+                return None
+            self._account(now)
+            self.counters.steps += 1
+            self.counters.events += len(batch)
+            changed = force
+            lost: dict[str, list[str]] = {}
+            for ev in batch:
+                self._log(ev)
+                kind = ev.kind
+                if kind is EventKind.NODE_LEAVE:
+                    changed |= self._leave(ev.node, lost)
+                elif kind in (EventKind.JOB_DONE, EventKind.JOB_FAILED, EventKind.JOB_CANCEL):
+                    if lost:
+                        self._vacate(lost, now)
+                        lost = {}
+                    changed |= self._end(ev, now)
+                elif kind is EventKind.NODE_JOIN:
+                    if lost:
+                        self._vacate(lost, now)
+                        lost = {}
+                    if ev.node not in self.idle:
+                        self.idle[ev.node] = now
+                        self._batch.nodes[ev.node] = {"name": ev.node, "state": "idle", "since": now, "job": None}
+                        changed = True
+                elif kind is EventKind.JOB_SUBMIT:
+                    changed |= self._register(ev.job, now)
+                else:
+                    changed = True
+            if lost:
+                self._vacate(lost, now)
+            changed |= self._admit(now)
+            result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
+                                self.n_queued, 0.0)
+            if changed and self.running:
+                self._solve(now, result)
+            result.used = len(self.owner)
+            result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
+            return result
+
+    def _log(self, ev: Event) -> None:
+        self._batch.events.append({"time": ev.time, "kind": ev.kind.value, "node": ev.node,
+                                   "job": ev.job, "detail": ev.detail})
+
+    def _account(self, now: float) -> None:
+        if self._t_acc is not None and now > self._t_acc:
+            dt = now - self._t_acc
+            self.counters.offered_node_s += len(self.idle) * dt
+            self.counters.used_node_s += len(self.owner) * dt
+        self._t_acc = now if self._t_acc is None else max(self._t_acc, now)
+
+    def _leave(self, node: Optional[str], lost: dict[str, list[str]]) -> bool:
+        if node is None or node not in self.idle:
+            return False
+        del self.idle[node]
+        self._batch.nodes[node] = {"name": node, "state": "busy", "since": self.clock.now(), "job": None}
+        job = self.owner.pop(node, None)
+        if job is not None:
+            lost.setdefault(job, []).append(node)
+        return True
+
+    def _vacate(self, lost: dict[str, list[str]], now: float) -> None:
+        """Get every job off the nodes the main scheduler took, before anything is re-planned."""
+        for jid, nodes in lost.items():
+            job = self.jobs[jid]
+            before = self.held.get(jid, [])
+            gone = set(nodes)
+            after = [n for n in before if n not in gone]
+            self.held[jid] = after
+            self.dispatcher.vacate(job, nodes, now)
+            self.counters.preemptions += len(nodes)
+            self._record_change(job, before, after, now, "preempted")
+
+    def _release(self, job: Job) -> list[str]:
+        nodes = self.held.pop(job.id, [])
+        for n in nodes:
+            self.owner.pop(n, None)
+            if n in self.idle:
+                self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle[n], "job": None}
+        return nodes
+
+    def _end(self, ev: Event, now: float) -> bool:
+        job = self.jobs.get(ev.job) or self._new_jobs.get(ev.job)
+        if job is None or job.state.finished:
+            return False
+        if ev.kind is EventKind.JOB_CANCEL and job.id in self._new_jobs:
+            self._new_jobs.pop(job.id)
+            self.jobs[job.id] = job
+        state = {EventKind.JOB_DONE: JobState.DONE, EventKind.JOB_FAILED: JobState.FAILED,
+                 EventKind.JOB_CANCEL: JobState.CANCELLED}[ev.kind]
+        before = list(self.held.get(job.id, []))
+        was_running = job.id in self.running
+        if was_running:
+            self.dispatcher.stop(job, now)
+        if job.state is JobState.QUEUED:
+            self.n_queued -= 1
+        job.samples_done = job.total_samples if state is JobState.DONE else job.samples_done
+        job.state = state
+        job.end_time = now
+        self._release(job)
+        self.running.pop(job.id, None)
+        if before:
+            self._record_change(job, before, [], now, state.value)
+        if state is JobState.DONE:
+            self.counters.jobs_finished += 1
+        self._batch.jobs[job.id] = job_row(job)
+        return True
+
+    def _register(self, jid: Optional[str], now: float) -> bool:
+        job = self._new_jobs.pop(jid, None) if jid else None
+        if job is None:
+            return False
+        job.state = JobState.QUEUED
+        self.jobs[job.id] = job
+        self.counters.jobs_submitted += 1
+        self.n_queued += 1
+        self._push_queue(job)
+        self._batch.jobs[job.id] = job_row(job)
+        return True
+
+    def _push_queue(self, job: Job) -> None:
+        key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
+        heapq.heappush(self._queue, (*key, next(self._seq), job.id))
+
+    def _admit(self, now: float) -> bool:
+        admitted = False
+        while self._queue and len(self.running) < self.config.max_jobs:
+            jid = heapq.heappop(self._queue)[-1]
+            job = self.jobs[jid]
+            if job.state is not JobState.QUEUED:
+                continue
+            job.state = JobState.RUNNING
+            self.n_queued -= 1
+            job.start_time = now
+            self.running[jid] = None
+            self.held.setdefault(jid, [])
+            self._batch.jobs[jid] = job_row(job)
+            admitted = True
+        return admitted
+
+    def _solve(self, now: float, result: StepResult) -> None:
+        jobs = [self.jobs[j] for j in self.running]
+        reqs = [JobRequest(j.id, j.min_nodes, j.max_nodes, j.curve, j.scale_up_seconds,
+                           j.scale_down_seconds, tuple(self.held.get(j.id, ())), j.priority)
+                for j in jobs]
+        problem = Problem(list(self.idle), reqs, self.config.tfwd, self.config.objective)
+        plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
+        self.last_plan = plan
+        self.counters.solves += 1
+        self.solve_ms.append(plan.solve_ms)
+        result.objective, result.solve_ms, result.status = plan.objective, plan.solve_ms, plan.status
+        self._batch.solver_runs.append({
+            "time": now, "policy": plan.policy, "solver": plan.solver, "status": plan.status,
+            "objective": plan.objective, "jobs": len(reqs), "nodes": len(problem.nodes),
+            "solve_ms": plan.solve_ms})
+        for job in jobs:
+            before = self.held.get(job.id, [])
+            after = plan.assignment.get(job.id, [])
+            if len(after) == len(before):
+                continue  # no migration: same size means same nodes
+            self.dispatcher.resize(job, after, now)
+            self.held[job.id] = list(after)
+            removed = set(before) - set(after)
+            for n in removed:
+                if self.owner.get(n) == job.id:
+                    del self.owner[n]
+                    self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": None}
+            had = set(before)
+            for n in (x for x in after if x not in had):
+                self.owner[n] = job.id
+                self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": job.id}
+            if before and after:
+                self.counters.rescales += 1
+            result.changes[job.id] = (len(before), len(after))
+            self._record_change(job, before, after, now,
+                                "start" if not before else "stop" if not after else
+                                "grow" if len(after) > len(before) else "shrink")
+
+    def _record_change(self, job: Job, before: Sequence[str], after: Sequence[str], now: float,
+                       reason: str) -> None:
+        b, a = set(before), set(after)
+        self._batch.allocations.append({
+            "time": now, "job": job.id, "from_nodes": len(before), "to_nodes": len(after),
+            "added": json.dumps([n for n in after if n not in b]),
+            "removed": json.dumps([n for n in before if n not in a]), "reason": reason})
+        rate = self.dispatcher.rate(job)
+        if after and job.state is JobState.RUNNING:
+            self._batch.throughput.append({"time": now, "job": job.id, "nodes": len(after),
+                                           "samples_per_second": rate, "source": self.dispatcher.name})
+        self._batch.jobs[job.id] = job_row(job, after, rate)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def flush(self, extra_meta: Optional[dict] = None) -> None:
+        """Write everything since the last flush, with the current state, in one transaction."""
+        with self.lock:
+            now = self.clock.now()
+            self._account(now)
+            for jid in self.running:
+                job = self.jobs[jid]
+                job.samples_done = self.dispatcher.progress(job, now)
+                self._batch.jobs[jid] = job_row(job, self.held.get(jid, []), self.dispatcher.rate(job))
+            self._batch.meta["clock"] = now
+            self._batch.meta["running"] = list(self.running)
+            self._batch.meta["counters"] = asdict(self.counters)
+            if extra_meta:
+                self._batch.meta.update(extra_meta)
+            batch, self._batch = self._batch, Batch()
+            if self.store is not None:
+                self.store.write(batch)
+
+    @classmethod
+    def restore(cls, store: Store, dispatcher: Dispatcher, clock: Clock,
+                config: Optional[ControllerConfig] = None, node_names: Sequence[str] = ()) -> "Controller":
+        """Rebuild a controller from its store: jobs, their progress and nodes, queue, counters."""
+        saved = store.meta("config")
+        ctl = cls(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store, node_names)
+        now = clock.now()
+        ctl._t_acc = now
+        ctl.idle = store.idle_nodes()
+        for name, owner in store.db.execute("select name, job from nodes where job is not null"):
+            ctl.owner[name] = owner
+        rows = store.jobs()
+        order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
+        for job, nodes in rows:
+            ctl.jobs[job.id] = job
+        for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
+            if job.state is JobState.RUNNING:
+                ctl.running[job.id] = None
+                ctl.held[job.id] = [n for n in nodes if ctl.owner.get(n) == job.id]
+                dispatcher.resize(job, ctl.held[job.id], now)
+        for job, _ in rows:
+            if job.state is JobState.QUEUED:
+                ctl._push_queue(job)
+                ctl.n_queued += 1
+        counters = store.meta("counters")
+        if counters:
+            ctl.counters = Counters(**counters)
+        ctl.solve_ms = [r[0] for r in store.db.execute("select solve_ms from solver_runs order by id")]
+        return ctl
+
+    # ---- reading --------------------------------------------------------------------------
+    def samples_processed(self) -> float:
+        now = self.clock.now()
+        return sum(self.dispatcher.progress(j, now) if j.id in self.running else j.samples_done
+                   for j in self.jobs.values())
+

@@ -1,0 +1,1 @@
+"""Dispatchers turn allocation changes into actions on nodes (see base.py)."""

@@ -1,0 +1,40 @@
+"""What the controller asks of whatever runs the jobs: one interface, one module per backend
+(simulated for replay and demos; local processes and SSH come with the worker runtime)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional, Sequence
+
+from ..model import Event, Job
+
+
+class Dispatcher(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        """Run `job` on exactly `nodes` from now on (start when it had none, stop at none)."""
+
+    @abstractmethod
+    def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
+        """The main scheduler took `lost` back: get off them at once, before any re-plan."""
+
+    @abstractmethod
+    def stop(self, job: Job, now: float) -> None:
+        """The job ends (done, cancelled, failed): release everything it holds."""
+
+    @abstractmethod
+    def progress(self, job: Job, now: float) -> float:
+        """Samples the job has processed so far (net of any lost progress)."""
+
+    @abstractmethod
+    def rate(self, job: Job) -> float:
+        """Samples/s the job runs at right now."""
+
+    @abstractmethod
+    def poll(self, now: float) -> list[Event]:
+        """Jobs that finished or failed since the last poll."""
+
+    def next_event_time(self, now: float) -> Optional[float]:
+        """When the dispatcher will next have something to report (simulation only)."""
+        return None

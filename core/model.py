@@ -1,0 +1,162 @@
+"""Domain records shared by every part of the engine: nodes, jobs, allocations, events.
+
+Plain dataclasses on purpose: policies are pure functions of these records, mechanisms
+(dispatchers, sources, the store) move them around.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"        # registered, waiting for one of the max_jobs slots
+    RUNNING = "running"      # holds a slot; may hold 0 nodes while none are worth giving it
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+class NodeState(str, enum.Enum):
+    IDLE = "idle"            # offered by the node source (the main scheduler does not use it)
+    BUSY = "busy"            # taken back by the main scheduler
+
+
+class EventKind(str, enum.Enum):
+    NODE_JOIN = "node_join"
+    NODE_LEAVE = "node_leave"
+    JOB_SUBMIT = "job_submit"
+    JOB_CANCEL = "job_cancel"
+    JOB_DONE = "job_done"
+    JOB_FAILED = "job_failed"
+    TICK = "tick"
+
+
+#: order in which the controller handles events of one batch: a leave is always first.
+EVENT_PRIORITY = {
+    EventKind.NODE_LEAVE: 0,
+    EventKind.JOB_FAILED: 1,
+    EventKind.JOB_DONE: 2,
+    EventKind.JOB_CANCEL: 3,
+    EventKind.NODE_JOIN: 4,
+    EventKind.JOB_SUBMIT: 5,
+    EventKind.TICK: 6,
+}
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Throughput (samples/s) against node count: piecewise linear through (0, 0) and the
+    points, flat after the last point. Validation lives in core.schemas; this is the math."""
+
+    nodes: tuple[int, ...]
+    samples_per_second: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) != len(self.samples_per_second) or not self.nodes:
+            raise ValueError("curve needs as many throughputs as node counts, at least one")
+        if any(n <= 0 for n in self.nodes) or any(b <= a for a, b in zip(self.nodes, self.nodes[1:])):
+            raise ValueError("curve node counts must be positive and strictly increasing")
+        if any(s < 0 for s in self.samples_per_second):
+            raise ValueError("curve throughputs must be non-negative")
+
+    def __call__(self, n: float) -> float:
+        if n <= 0:
+            return 0.0
+        xs, ys = self.nodes, self.samples_per_second
+        if n >= xs[-1]:
+            return float(ys[-1])
+        i = bisect_right(xs, n)
+        x0, y0 = (0, 0.0) if i == 0 else (xs[i - 1], ys[i - 1])
+        x1, y1 = xs[i], ys[i]
+        return float(y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+    def rates(self, n: "np.ndarray") -> "np.ndarray":
+        """S at many sizes at once (np.interp is flat past the last point, as the curve is)."""
+        return np.interp(n, (0, *self.nodes), (0.0, *self.samples_per_second))
+
+    def to_dict(self) -> dict:
+        return {"nodes": list(self.nodes), "samples_per_second": list(self.samples_per_second)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Curve":
+        return cls(tuple(int(n) for n in d["nodes"]), tuple(float(s) for s in d["samples_per_second"]))
+
+    @classmethod
+    def linear(cls, per_node: float, upto: int) -> "Curve":
+        return cls((1, upto), (per_node, per_node * upto)) if upto > 1 else cls((1,), (per_node,))
+
+
+@dataclass
+class Job:
+    """A malleable training job as the controller tracks it."""
+
+    id: str
+    min_nodes: int
+    max_nodes: int
+    total_samples: float
+    curve: Curve                      # what the allocator believes (user-given or learned)
+    scale_up_seconds: float = 18.0
+    scale_down_seconds: float = 12.0
+    priority: float = 1.0
+    submit_time: float = 0.0
+    name: str = ""
+    owner: str = ""
+    state: JobState = JobState.QUEUED
+    samples_done: float = 0.0
+    start_time: Optional[float] = None
+    end_time: Optional[float] = None
+    true_curve: Optional[Curve] = None  # simulation only: how the job really scales
+
+    def __post_init__(self) -> None:
+        if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
+            raise ValueError(f"job {self.id}: need 1 <= min_nodes <= max_nodes")
+        if self.total_samples <= 0:
+            raise ValueError(f"job {self.id}: total_samples must be positive")
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: EventKind
+    node: Optional[str] = None
+    job: Optional[str] = None
+    detail: str = ""
+
+    @property
+    def order(self) -> tuple:
+        return (self.time, EVENT_PRIORITY[self.kind])
+
+
+@dataclass
+class Allocation:
+    """The nodes each job holds after a decision, with what changed."""
+
+    time: float
+    assignment: dict[str, list[str]]
+    changes: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (from, to)
+
+
+_RACK = re.compile(r"^([A-Za-z]+\d+)n\d+$")
+
+
+def rack_of(node: str) -> str:
+    """Summit-style rack of a node name (`a02n07` -> `a02`); other names are their own rack."""
+    m = _RACK.match(node)
+    return m.group(1) if m else node
+
+
+def by_rack(nodes: Sequence[str]) -> dict[str, list[str]]:
+    racks: dict[str, list[str]] = {}
+    for n in nodes:
+        racks.setdefault(rack_of(n), []).append(n)
+    return racks

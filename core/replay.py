@@ -1,0 +1,325 @@
+"""Replay a node-state trace against a job set, headless, as fast as the machine allows.
+
+    python -m core.replay --trace data/summit-idle-nodes-2021-02.csv.gz \
+        --jobs data/jobs-imagenet-1001.csv [--nodes N | --racks a01-a10] [--start ISO] [--hours H]
+        [--policy milp|even|greedy] [--max-jobs 10] [--tfwd 10] [--db PATH [--resume]]
+        [--out steps.csv] [--json]
+
+Prints a summary (what an HPC centre would have harvested); with --json the last line is the
+summary as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from .clock import SimClock
+from .controller import QUEUE_ORDERS, Controller, ControllerConfig, StepResult
+from .dispatchers.simulated import SimulatedDispatcher
+from .errors import InputError
+from .jobsets import load_jobset
+from .model import Job, JobState
+from .objective import OBJECTIVES
+from .policies import POLICIES, SOLVERS
+from .sources.trace import TraceSource, read_node_list, select_nodes
+from .store import Store
+from .timeutil import iso, parse_iso
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_TRACE = DATA / "summit-idle-nodes-2021-02.csv.gz"
+DEFAULT_JOBS = DATA / "jobs-imagenet-1001.csv"
+DEFAULT_NODE_LIST = DATA / "summit-nodes.txt"
+TIMING_KEYS = ("wall_s", "solver_ms_p50", "solver_ms_p95", "solver_ms_max", "peak_rss_mb")
+
+
+@dataclass
+class ReplaySettings:
+    trace: Path = DEFAULT_TRACE
+    jobs: Path = DEFAULT_JOBS
+    node_list: Optional[Path] = None
+    nodes: Optional[int] = None
+    racks: Optional[str] = None
+    start: Optional[str] = None
+    hours: Optional[float] = None
+    coalesce: float = 0.0
+    config: ControllerConfig = field(default_factory=ControllerConfig)
+
+    def key(self) -> dict:
+        """What must match for a stored run to be resumed."""
+        return {"trace": str(self.trace), "jobs": str(self.jobs), "nodes": self.nodes,
+                "racks": self.racks, "start": self.start, "hours": self.hours,
+                "coalesce": self.coalesce, "policy": self.config.policy,
+                "solver": self.config.solver, "objective": self.config.objective,
+                "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
+                "queue": self.config.queue}
+
+
+def percentile(values: list[float], q: float) -> Optional[float]:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Replay:
+    """One replay run: validated inputs, a controller on a simulated clock, and its loop."""
+
+    def __init__(self, settings: ReplaySettings, db: Optional[Path] = None,
+                 resume: bool = False) -> None:
+        """Validate every input before the store is opened, so a bad file stores nothing."""
+        self.settings = settings
+        if resume and db is None:
+            raise ValueError("--resume needs --db")
+        self.jobset: list[Job] = load_jobset(settings.jobs)
+        node_list = settings.node_list or (DEFAULT_NODE_LIST if settings.trace == DEFAULT_TRACE else None)
+        self.source_probe = TraceSource(settings.trace, [])
+        _, first, last = self.source_probe.validate()
+        if first is None:
+            raise InputError(settings.trace, None, "the trace has no transitions")
+        if node_list is not None:
+            all_nodes = read_node_list(node_list)
+        else:
+            all_nodes = self._nodes_in_trace()
+        self.all_nodes = select_nodes(all_nodes, settings.nodes, settings.racks)
+        self.start = parse_iso(settings.start) if settings.start else first
+        self.end = self.start + settings.hours * 3600 if settings.hours else last + 1.0
+        if self.end <= self.start:
+            raise ValueError("the replay window is empty (check --start and --hours)")
+        store = self.store = Store(db) if db is not None else None
+        if store is not None and not resume and not store.is_empty():
+            store.close()
+            raise ValueError(f"{db} already holds a run; pass --resume to continue it or choose another --db")
+        self.dispatcher = SimulatedDispatcher()
+        resumed_at = store.meta("replay_cursor") if (store is not None and resume) else None
+        if resumed_at is not None:
+            saved = store.meta("replay")
+            if saved != settings.key():
+                store.close()
+                raise ValueError(f"{db} holds a replay with other settings: {saved}")
+        if resumed_at is not None:
+            self.clock = SimClock(resumed_at)
+            self.controller = Controller.restore(store, self.dispatcher, self.clock,
+                                                 settings.config, self.all_nodes)
+            self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end,
+                                      settings.coalesce, resume_after=resumed_at,
+                                      resume_idle=list(self.controller.idle))
+            known = set(self.controller.jobs)
+            self.arrivals = [j for j in self.jobset if j.id not in known and j.submit_time < self.end]
+        else:
+            self.clock = SimClock(self.start)
+            self.controller = Controller(self.dispatcher, self.clock, settings.config, store, self.all_nodes)
+            self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end, settings.coalesce)
+            self.controller.start(self.source.initial_idle())
+            self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
+        self.arrivals.sort(key=lambda j: j.submit_time)
+        self.wall_s = 0.0
+
+    def _nodes_in_trace(self) -> list[str]:
+        seen: dict[str, None] = {}
+        from .sources.trace import read_transitions
+        for _, node, _, _ in read_transitions(self.settings.trace):
+            seen.setdefault(node, None)
+        return sorted(seen)
+
+    def run(self, on_step: Optional[Callable[[StepResult], None]] = None,
+            progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> dict:
+        t_wall = time.perf_counter()
+        ctl, clock = self.controller, self.clock
+        batches = iter(self.source.batches())
+        nxt = next(batches, None)
+        i = 0
+        last_flush = time.perf_counter()
+        while True:
+            t_trace = nxt[0] if nxt else math.inf
+            t_arr = max(self.arrivals[i].submit_time, self.start) if i < len(self.arrivals) else math.inf
+            t_done = self.dispatcher.next_event_time(clock.now())
+            t = min(t_trace, t_arr, t_done if t_done is not None else math.inf)
+            if t == math.inf or t >= self.end:
+                break
+            clock.advance_to(max(t, clock.now()))
+            now = clock.now()
+            events = []
+            if nxt and nxt[0] <= now:
+                events.extend(nxt[1])
+                nxt = next(batches, None)
+            while i < len(self.arrivals) and max(self.arrivals[i].submit_time, self.start) <= now:
+                ctl.submit(self.arrivals[i])
+                i += 1
+            events.extend(self.dispatcher.poll(now))
+            result = ctl.step(events)
+            if result is not None and on_step is not None:
+                on_step(result)
+            if progress is not None:
+                progress(now)
+            if ctl.store is not None and time.perf_counter() - last_flush >= flush_every_s:
+                ctl.flush({"replay": self.settings.key(), "replay_cursor": now})
+                last_flush = time.perf_counter()
+        clock.advance_to(max(self.end, clock.now()))
+        for ev in self.dispatcher.poll(clock.now()):
+            ctl.post(ev)
+        ctl.step()
+        self.wall_s += time.perf_counter() - t_wall
+        ctl.flush({"replay": self.settings.key(), "replay_cursor": clock.now(),
+                   "replay_done": True})
+        if progress is not None:
+            progress(clock.now())
+        return self.summary()
+
+    def summary(self) -> dict:
+        ctl = self.controller
+        c = ctl.counters
+        done = [j for j in ctl.jobs.values() if j.state is JobState.DONE]
+        jct = [j.end_time - j.submit_time for j in done]
+        ends = [j.end_time for j in done]
+        all_done = bool(done) and len(done) == len(ctl.jobs) == len(self.jobset)
+        offered_h = c.offered_node_s / 3600.0
+        used_h = c.used_node_s / 3600.0
+        return {
+            "policy": self.settings.config.policy,
+            "solver": self.settings.config.solver,
+            "tfwd": self.settings.config.tfwd,
+            "max_jobs": self.settings.config.max_jobs,
+            "nodes": len(self.all_nodes),
+            "start": iso(self.start),
+            "end": iso(self.end),
+            "simulated_hours": round((self.end - self.start) / 3600.0, 3),
+            "events": c.events,
+            "steps": c.steps,
+            "solves": c.solves,
+            "wall_s": round(self.wall_s, 3),
+            "idle_node_hours": round(offered_h, 3),
+            "used_node_hours": round(used_h, 3),
+            "harvest_pct": round(100.0 * used_h / offered_h, 3) if offered_h else 0.0,
+            "samples": round(ctl.samples_processed(), 1),
+            "jobs_submitted": c.jobs_submitted,
+            "jobs_finished": c.jobs_finished,
+            "mean_jct_hours": round(statistics.fmean(jct) / 3600.0, 4) if jct else None,
+            "makespan_hours": round((max(ends) - self.start) / 3600.0, 4) if all_done else None,
+            "rescales": c.rescales,
+            "preemptions": c.preemptions,
+            "solver_ms_p50": round(percentile(ctl.solve_ms, 0.5) or 0.0, 3),
+            "solver_ms_p95": round(percentile(ctl.solve_ms, 0.95) or 0.0, 3),
+            "solver_ms_max": round(max(ctl.solve_ms, default=0.0), 3),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+        }
+
+
+def format_summary(s: dict) -> str:
+    rows = [
+        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']} s, max jobs {s['max_jobs']})"),
+        ("window", f"{s['start']} .. {s['end']} ({s['simulated_hours']} h simulated), {s['nodes']} nodes"),
+        ("events", f"{s['events']} in {s['steps']} steps, {s['solves']} solves"),
+        ("wall time", f"{s['wall_s']} s"),
+        ("idle node-hours offered", f"{s['idle_node_hours']:.1f}"),
+        ("node-hours used by jobs", f"{s['used_node_hours']:.1f}"),
+        ("harvest", f"{s['harvest_pct']:.2f} %"),
+        ("samples processed", f"{s['samples']:.4g}"),
+        ("jobs", f"{s['jobs_finished']} finished of {s['jobs_submitted']} submitted"
+                 + (f", mean JCT {s['mean_jct_hours']:.2f} h" if s['mean_jct_hours'] else "")
+                 + (f", all done after {s['makespan_hours']:.1f} h" if s['makespan_hours'] else "")),
+        ("rescales / preemptions", f"{s['rescales']} / {s['preemptions']}"),
+        ("solver ms p50 / p95 / max", f"{s['solver_ms_p50']} / {s['solver_ms_p95']} / {s['solver_ms_max']}"),
+        ("peak RSS", f"{s['peak_rss_mb']} MB"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m core.replay", description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="time,node,state CSV (.gz ok)")
+    ap.add_argument("--jobs", type=Path, default=DEFAULT_JOBS, help="job set CSV")
+    ap.add_argument("--node-list", type=Path, help="node names in machine order (default: Summit's list for the Summit trace)")
+    ap.add_argument("--nodes", type=int, help="use the first N nodes only")
+    ap.add_argument("--racks", help="use these racks only, e.g. a01-a10,b03")
+    ap.add_argument("--start", help="window start, ISO 8601 (default: start of the trace)")
+    ap.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
+    ap.add_argument("--coalesce", type=float, default=0.0, help="merge events this many seconds apart into one step")
+    ap.add_argument("--policy", choices=POLICIES, default="milp")
+    ap.add_argument("--solver", choices=SOLVERS, default="dp")
+    ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
+    ap.add_argument("--max-jobs", type=int, default=10)
+    ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
+    ap.add_argument("--tfwd", type=float, default=10.0, help="T_fwd, seconds the allocator looks ahead")
+    ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
+    ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
+    ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
+    ap.add_argument("--out", type=Path, help="write one CSV row per step here")
+    ap.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = ControllerConfig(args.policy, args.solver, args.objective, args.tfwd, args.max_jobs,
+                                  args.queue, args.time_limit)
+        if args.hours is not None and args.hours <= 0:
+            raise ValueError("--hours must be positive")
+        settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
+                                  args.start, args.hours, args.coalesce, config)
+        replay = Replay(settings, args.db, resume=args.resume)
+    except (InputError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out_fh = writer = None
+    if args.out:
+        out_fh = args.out.open("a" if args.resume else "w", newline="")
+        writer = csv.writer(out_fh)
+        if not args.resume or out_fh.tell() == 0:
+            writer.writerow(["time", "events", "idle", "used", "running", "queued",
+                             "samples_per_second", "objective", "solve_ms", "status", "changes"])
+
+    def on_step(r: StepResult) -> None:
+        if writer is not None:
+            writer.writerow([iso(r.time), r.events, r.idle, r.used, r.running, r.queued,
+                             round(r.samples_per_second, 3),
+                             "" if r.objective is None else round(r.objective, 3),
+                             "" if r.solve_ms is None else round(r.solve_ms, 3), r.status,
+                             ";".join(f"{j}:{a}->{b}" for j, (a, b) in r.changes.items())])
+
+    bar = None
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        span_h = (replay.end - replay.clock.now()) / 3600.0
+        bar = tqdm(total=round(span_h, 2), unit="sim h", file=sys.stderr, disable=None,
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} sim h [{elapsed}<{remaining}]")
+        origin = replay.clock.now()
+
+        def progress(now: float) -> None:
+            done = min(span_h, (now - origin) / 3600.0)
+            if done - bar.n >= 0.1 or done >= span_h:
+                bar.update(done - bar.n)
+    try:
+        summary = replay.run(on_step, progress)
+    except KeyboardInterrupt:
+        replay.controller.flush({"replay": settings.key(), "replay_cursor": replay.clock.now()})
+        print("interrupted; state saved" + (f" in {args.db} (continue with --resume)" if args.db else ""),
+              file=sys.stderr)
+        return 130
+    finally:
+        if bar is not None:
+            bar.close()
+        if out_fh is not None:
+            out_fh.close()
+    print(format_summary(summary))
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Validation of everything that comes from outside: allocator instances, job sets, forms.
+
+One set of rules (pydantic) for the CLI, the job-set loader and, later, the web form and REST
+API, so that a job refused by one is refused by all with the same words.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .model import Curve
+
+
+class CurveSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[int] = Field(min_length=1)
+    samples_per_second: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "CurveSpec":
+        if len(self.nodes) != len(self.samples_per_second):
+            raise ValueError(f"curve has {len(self.nodes)} node counts but "
+                             f"{len(self.samples_per_second)} throughputs")
+        if any(n <= 0 for n in self.nodes):
+            raise ValueError("curve node counts must be positive")
+        if any(b <= a for a, b in zip(self.nodes, self.nodes[1:])):
+            raise ValueError("curve node counts must be strictly increasing")
+        if any(s < 0 for s in self.samples_per_second):
+            raise ValueError("curve throughputs must be non-negative")
+        return self
+
+    def to_curve(self) -> Curve:
+        return Curve(tuple(self.nodes), tuple(self.samples_per_second))
+
+
+class JobBounds(BaseModel):
+    """Rules every job obeys wherever it is registered from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_nodes: int = Field(ge=1)
+    max_nodes: int = Field(ge=1)
+    scale_up_seconds: float = Field(default=18.0, ge=0)
+    scale_down_seconds: float = Field(default=12.0, ge=0)
+    priority: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) > max_nodes ({self.max_nodes})")
+        return self
+
+
+class InstanceJob(JobBounds):
+    id: str = Field(min_length=1)
+    curve: CurveSpec
+    scale_up_seconds: float = Field(default=0.0, ge=0)
+    scale_down_seconds: float = Field(default=0.0, ge=0)
+    current_nodes: list[str] = Field(default_factory=list)
+
+
+class Instance(BaseModel):
+    """The allocator command's input (see README: `python -m core.allocator`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tfwd: float = Field(default=10.0, gt=0)
+    nodes: list[str] = Field(default_factory=list)
+    jobs: list[InstanceJob] = Field(default_factory=list)
+    objective: str = "throughput"
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: str) -> str:
+        from .objective import OBJECTIVES
+        if v not in OBJECTIVES:
+            raise ValueError(f"unknown objective {v!r}; choose one of {', '.join(OBJECTIVES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Instance":
+        seen: set[str] = set()
+        for n in self.nodes:
+            if n in seen:
+                raise ValueError(f"node {n} listed twice")
+            seen.add(n)
+        ids: set[str] = set()
+        owner: dict[str, str] = {}
+        for j in self.jobs:
+            if j.id in ids:
+                raise ValueError(f"job id {j.id} used twice")
+            ids.add(j.id)
+            for n in j.current_nodes:
+                if n not in seen:
+                    raise ValueError(f"job {j.id}: current node {n} is not among the idle nodes")
+                if n in owner:
+                    raise ValueError(f"node {n} held by both {owner[n]} and {j.id}")
+                owner[n] = j.id
+        return self
+
+
+class JobSetRow(JobBounds):
+    """One line of a job-set CSV (data/jobs-*.csv)."""
+
+    job: str = Field(min_length=1)
+    model: str = ""
+    submit_time: str
+    total_samples: float = Field(gt=0)
+    nodes: list[int]
+    samples_per_second: list[float]
+
+    @field_validator("nodes", "samples_per_second", mode="before")
+    @classmethod
+    def _split(cls, v):
+        if isinstance(v, str):
+            return [x for x in v.split(";") if x.strip() != ""]
+        return v
+
+    @model_validator(mode="after")
+    def _curve(self) -> "JobSetRow":
+        CurveSpec(nodes=self.nodes, samples_per_second=self.samples_per_second)
+        return self
+
+    def curve(self) -> Curve:
+        return Curve(tuple(self.nodes), tuple(self.samples_per_second))
+
+
+def explain(err: ValidationError, prefix: Optional[str] = None) -> str:
+    """A pydantic error as short lines a person can act on: `where: what`."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "input"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
+    text = "; ".join(lines)
+    return f"{prefix}: {text}" if prefix else text

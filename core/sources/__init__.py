@@ -1,0 +1,1 @@
+"""Node sources (see base.py)."""

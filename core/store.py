@@ -1,0 +1,145 @@
+"""SQLite store (WAL, through sqlite-utils): the source of truth a restarted process resumes from.
+
+State tables (`jobs`, `nodes`, `meta`) always describe one consistent moment; history tables
+(`events`, `allocations`, `throughput`, `solver_runs`) are appended in the same transaction,
+so a crash loses at most the changes since the last flush, never half of one.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import sqlite_utils
+
+from .model import Curve, Job, JobState
+
+SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "jobs": ({
+        "id": str, "name": str, "owner": str, "state": str, "min_nodes": int, "max_nodes": int,
+        "total_samples": float, "samples_done": float, "scale_up_seconds": float,
+        "scale_down_seconds": float, "priority": float, "curve": str, "true_curve": str,
+        "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
+        "nodes_now": int, "samples_per_second": float,
+    }, {"pk": "id"}),
+    "nodes": ({"name": str, "state": str, "since": float, "job": str}, {"pk": "name"}),
+    "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
+               {"pk": "id"}),
+    "allocations": ({"id": int, "time": float, "job": str, "from_nodes": int, "to_nodes": int,
+                     "added": str, "removed": str, "reason": str}, {"pk": "id"}),
+    "throughput": ({"id": int, "time": float, "job": str, "nodes": int,
+                    "samples_per_second": float, "source": str}, {"pk": "id"}),
+    "solver_runs": ({"id": int, "time": float, "policy": str, "solver": str, "status": str,
+                     "objective": float, "jobs": int, "nodes": int, "solve_ms": float},
+                    {"pk": "id"}),
+    "meta": ({"key": str, "value": str}, {"pk": "key"}),
+}
+INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]),
+           ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"])]
+
+
+@dataclass
+class Batch:
+    """Everything one flush writes, in one transaction."""
+
+    jobs: dict[str, dict] = field(default_factory=dict)      # latest row per job
+    nodes: dict[str, dict] = field(default_factory=dict)     # latest row per node
+    events: list[dict] = field(default_factory=list)
+    allocations: list[dict] = field(default_factory=list)
+    throughput: list[dict] = field(default_factory=list)
+    solver_runs: list[dict] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any((self.jobs, self.nodes, self.events, self.allocations, self.throughput,
+                    self.solver_runs, self.meta))
+
+
+def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
+    nodes = list(nodes)
+    return {
+        "id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value,
+        "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
+        "total_samples": job.total_samples, "samples_done": job.samples_done,
+        "scale_up_seconds": job.scale_up_seconds, "scale_down_seconds": job.scale_down_seconds,
+        "priority": job.priority, "curve": json.dumps(job.curve.to_dict()),
+        "true_curve": json.dumps(job.true_curve.to_dict()) if job.true_curve else None,
+        "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
+        "nodes": json.dumps(nodes), "nodes_now": len(nodes), "samples_per_second": rate,
+    }
+
+
+def job_from_row(row: dict) -> tuple[Job, list[str]]:
+    job = Job(
+        id=row["id"], min_nodes=row["min_nodes"], max_nodes=row["max_nodes"],
+        total_samples=row["total_samples"], curve=Curve.from_dict(json.loads(row["curve"])),
+        scale_up_seconds=row["scale_up_seconds"], scale_down_seconds=row["scale_down_seconds"],
+        priority=row["priority"], submit_time=row["submit_time"], name=row["name"] or "",
+        owner=row["owner"] or "", state=JobState(row["state"]), samples_done=row["samples_done"],
+        start_time=row["start_time"], end_time=row["end_time"],
+        true_curve=Curve.from_dict(json.loads(row["true_curve"])) if row["true_curve"] else None)
+    return job, json.loads(row["nodes"] or "[]")
+
+
+class Store:
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.lock = threading.RLock()
+        if self.path != ":memory:":
+            self.db.enable_wal()
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._ensure_schema()
+
+    def _ensure_schema(self) -> None:
+        with self.lock:
+            for name, (columns, opts) in SCHEMA.items():
+                if not self.db[name].exists():
+                    self.db[name].create(columns, **opts)
+            for table, cols in INDEXES:
+                self.db[table].create_index(cols, if_not_exists=True)
+
+    @property
+    def journal_mode(self) -> str:
+        return self.db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def is_empty(self) -> bool:
+        return self.db["jobs"].count == 0 and self.db["meta"].count == 0 and self.db["events"].count == 0
+
+    def write(self, batch: Batch) -> None:
+        if not batch:
+            return
+        with self.lock, self.db.atomic():
+            if batch.jobs:
+                self.db["jobs"].upsert_all(batch.jobs.values(), pk="id")
+            if batch.nodes:
+                self.db["nodes"].upsert_all(batch.nodes.values(), pk="name")
+            for table in ("events", "allocations", "throughput", "solver_runs"):
+                rows = getattr(batch, table)
+                if rows:
+                    self.db[table].insert_all(rows, batch_size=1000)
+            if batch.meta:
+                self.db["meta"].upsert_all(
+                    ({"key": k, "value": json.dumps(v)} for k, v in batch.meta.items()), pk="key")
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        rows = list(self.db["meta"].rows_where("key = ?", [key]))
+        return json.loads(rows[0]["value"]) if rows else default
+
+    def jobs(self, where: Optional[str] = None, args: Iterable = ()) -> list[tuple[Job, list[str]]]:
+        return [job_from_row(r) for r in self.db["jobs"].rows_where(where, list(args), order_by="rowid")]
+
+    def idle_nodes(self) -> dict[str, float]:
+        return {r["name"]: r["since"] for r in
+                self.db["nodes"].rows_where("state = 'idle'", order_by="rowid")}
+
+    def count(self, table: str, where: Optional[str] = None, args: Iterable = ()) -> int:
+        sql = f"select count(*) from [{table}]" + (f" where {where}" if where else "")
+        return self.db.execute(sql, list(args)).fetchone()[0]
+
+    def close(self) -> None:
+        self.db.conn.close()

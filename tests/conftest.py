@@ -1,0 +1,49 @@
+"""Shared helpers: small trace and job-set files written into the test's own folder."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+JOBSET_HEADER = ("job,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_seconds,"
+                 "scale_down_seconds,nodes,samples_per_second")
+
+
+def write_trace(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path.write_text("time,node,state\n" + "".join(f"{t},{n},{s}\n" for t, n, s in rows))
+    return path
+
+
+def write_jobset(path: Path, rows: list[str]) -> Path:
+    path.write_text(JOBSET_HEADER + "\n" + "".join(r + "\n" for r in rows))
+    return path
+
+
+def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    """8 nodes in two racks going idle and busy over two hours."""
+    rows = []
+    for i in range(8):
+        rows.append((f"2021-02-10T00:00:{i:02d}Z", f"r{i // 4:02d}n{i % 4:02d}", "idle"))
+    rows += [("2021-02-10T00:30:00Z", "r00n00", "busy"), ("2021-02-10T00:30:00Z", "r00n01", "busy"),
+             ("2021-02-10T01:00:00Z", "r00n00", "idle"), ("2021-02-10T01:00:00Z", "r00n01", "idle"),
+             ("2021-02-10T01:30:00Z", "r01n03", "busy"), ("2021-02-10T02:00:00Z", "r01n03", "idle")]
+    return write_trace(tmp_path / "trace.csv", rows)
+
+
+@pytest.fixture
+def small_jobs(tmp_path: Path) -> Path:
+    return write_jobset(tmp_path / "jobs.csv", [
+        "A,alex,2021-02-10T00:01:00Z,1,4,2000000,18,12,1;2;4,100;190;350",
+        "B,vgg,2021-02-10T00:02:00Z,2,8,3000000,18,12,2;4;8,200;380;700",
+        "C,res,2021-02-10T00:03:00Z,1,2,100000,18,12,1;2,50;90",
+    ])
