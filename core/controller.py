@@ -332,7 +332,8 @@ class Controller:
 
     # ---- persistence ----------------------------------------------------------------------
     def flush(self, extra_meta: Optional[dict] = None) -> None:
-        """Write everything since the last flush, with the current state, in one transaction."""
+        """Write everything since the last flush, with the current state, in one transaction
+        (without a store the batch is dropped, so memory stays flat)."""
         with self.lock:
             now = self.clock.now()
             self._account(now)

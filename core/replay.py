@@ -30,7 +30,7 @@ from .jobsets import load_jobset
 from .model import Job, JobState
 from .objective import OBJECTIVES
 from .policies import POLICIES, SOLVERS
-from .sources.trace import TraceSource, read_node_list, select_nodes
+from .sources.trace import TraceSource, machine_order, read_node_list, select_nodes
 from .store import Store
 from .timeutil import iso, parse_iso
 
@@ -82,7 +82,8 @@ class Replay:
         if resume and db is None:
             raise ValueError("--resume needs --db")
         self.jobset: list[Job] = load_jobset(settings.jobs)
-        node_list = settings.node_list or (DEFAULT_NODE_LIST if settings.trace == DEFAULT_TRACE else None)
+        is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
+        node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
         self.source_probe = TraceSource(settings.trace, [])
         _, first, last = self.source_probe.validate()
         if first is None:
@@ -130,7 +131,7 @@ class Replay:
         from .sources.trace import read_transitions
         for _, node, _, _ in read_transitions(self.settings.trace):
             seen.setdefault(node, None)
-        return sorted(seen)
+        return machine_order(seen)
 
     def run(self, on_step: Optional[Callable[[StepResult], None]] = None,
             progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> dict:
@@ -162,7 +163,7 @@ class Replay:
                 on_step(result)
             if progress is not None:
                 progress(now)
-            if ctl.store is not None and time.perf_counter() - last_flush >= flush_every_s:
+            if time.perf_counter() - last_flush >= flush_every_s:
                 ctl.flush({"replay": self.settings.key(), "replay_cursor": now})
                 last_flush = time.perf_counter()
         clock.advance_to(max(self.end, clock.now()))
@@ -291,7 +292,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              ";".join(f"{j}:{a}->{b}" for j, (a, b) in r.changes.items())])
 
     bar = None
-    progress = None
+    progress: Optional[Callable[[float], None]] = None
     if not args.no_progress:
         from tqdm import tqdm
         span_h = (replay.end - replay.clock.now()) / 3600.0
@@ -299,10 +300,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} sim h [{elapsed}<{remaining}]")
         origin = replay.clock.now()
 
-        def progress(now: float) -> None:
+        def show(now: float) -> None:
             done = min(span_h, (now - origin) / 3600.0)
             if done - bar.n >= 0.1 or done >= span_h:
                 bar.update(done - bar.n)
+        progress = show
     try:
         summary = replay.run(on_step, progress)
     except KeyboardInterrupt:

@@ -335,3 +335,11 @@ def test_replay_cli_bad_input_stores_nothing(tmp_path, small_trace, small_jobs, 
     p = run_module("core.replay", *args, "--db", str(db))
     assert p.returncode == 2 and where in p.stderr, p.stderr
     assert not db.exists()
+
+
+def test_summit_trace_uses_the_full_node_list_however_it_is_named():
+    """4,680 nodes appear in the log; the machine has 4,734 (some never go idle)."""
+    for trace in (Path("data/summit-idle-nodes-2021-02.csv.gz"), None):
+        st = ReplaySettings(hours=0.01) if trace is None else ReplaySettings(trace=trace, hours=0.01)
+        r = Replay(st)
+        assert len(r.all_nodes) == 4734 and r.all_nodes[0] == "a01n01"

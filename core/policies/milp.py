@@ -91,7 +91,7 @@ def pulp_sizes(problem: SizeProblem, solver: str) -> tuple[list[int] | None, str
         t = prune(table)
         opts = []
         for n in np.flatnonzero(np.isfinite(t)).tolist():
-            x = pulp.LpVariable(f"x_{j}_{n}", cat=pulp.LpBinary)
+            x = model.add_variable(f"x_{j}_{n}", cat=pulp.LpBinary)
             opts.append((n, x))
             objective.append((x, float(t[n])))
             if n:
@@ -100,13 +100,17 @@ def pulp_sizes(problem: SizeProblem, solver: str) -> tuple[list[int] | None, str
         choices.append(opts)
     model += pulp.LpAffineExpression(objective)
     model += pulp.LpAffineExpression(load) <= problem.capacity, "capacity"
+    # gapRel=0: HiGHS stops at a 1e-4 relative gap by default, which is not the exact optimum
     if solver == "highs":
-        engine = pulp.HiGHS(msg=False, timeLimit=problem.time_limit)
+        engine = pulp.HiGHS(msg=False, timeLimit=problem.time_limit, gapRel=0.0)
     elif solver == "cbc":
-        engine = pulp.PULP_CBC_CMD(msg=False, timeLimit=problem.time_limit)
+        engine = pulp.PULP_CBC_CMD(msg=False, timeLimit=problem.time_limit, gapRel=0.0)
     else:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     model.solve(engine)
+    # PuLP reports status "Optimal" for a time-limited incumbent too; sol_status tells them apart
+    if model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return None, "no_incumbent"
     sizes = []
     for opts in choices:
         picked = [n for n, x in opts if (x.value() or 0) > 0.5]
@@ -115,8 +119,7 @@ def pulp_sizes(problem: SizeProblem, solver: str) -> tuple[list[int] | None, str
         sizes.append(picked[0])
     if sum(sizes) > problem.capacity:
         return None, "no_incumbent"
-    optimal = model.sol_status == pulp.LpSolutionOptimal or pulp.LpStatus[model.status] == "Optimal"
-    return sizes, "optimal" if optimal else "time_limit"
+    return sizes, "optimal" if model.sol_status == pulp.LpSolutionOptimal else "time_limit"
 
 
 class MilpPolicy(SizePolicy):

@@ -66,13 +66,21 @@ def read_transitions(path: str | Path) -> Iterator[tuple[float, str, bool, int]]
             raise InputError(path, lineno + 1, f"unreadable: {e}")
 
 
+def machine_order(names: Iterable[str]) -> list[str]:
+    """Names sorted as the machine is built: by rack, then node number (`a02n10` after `a02n9`)."""
+    def key(name: str):
+        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+    return sorted(set(names), key=key)
+
+
 def read_node_list(path: str | Path) -> list[str]:
+    """A file of node names, one a line (`#` comments allowed), in machine order."""
     path = Path(path)
     try:
         names = [x.strip() for x in path.read_text().splitlines()]
     except OSError as e:
         raise InputError(path, None, f"cannot read: {e.strerror}")
-    return [x for x in names if x and not x.startswith("#")]
+    return machine_order(x for x in names if x and not x.startswith("#"))
 
 
 def select_nodes(all_nodes: Sequence[str], first: Optional[int] = None,

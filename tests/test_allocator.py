@@ -1,0 +1,343 @@
+"""The allocator against an independent exhaustive enumeration of BFTrainer's objective.
+
+Every solve here is real (DP, HiGHS, CBC, the node-level MILP); nothing is mocked. The
+reference optimum is computed in this file from the objective as written in the issue,
+
+    sum_j  T_fwd * S_j(n_j) - [n_j > c_j] * up_j * S_j(c_j) - [n_j < c_j] * down_j * S_j(c_j)
+
+with S_j = 0 below min_j (numpy.interp for the curve), over every size combination with
+sum n_j <= idle nodes, so a bug shared by core.objective and the policies cannot hide.
+"""
+from __future__ import annotations
+
+import json
+import math
+import string
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.allocator import Plan, allocate
+from core.model import Curve
+from core.objective import JobRequest, Problem
+from core.policies.milp import MilpPolicy
+from core.policies.node_level import node_level_solve
+
+ROOT = Path(__file__).resolve().parent.parent
+N_RANDOM = 400
+REL = 1e-6
+#: Summit-style names over three racks of 18, so placement sees several racks
+NAMES = [f"a{r:02d}n{i:02d}" for r in (1, 2, 3) for i in range(1, 19)]
+
+
+# ---------------------------------------------------------------- instances and reference
+
+def random_problem(seed: int, max_jobs: int = 6, max_nodes: int = 24) -> Problem:
+    """Non-concave curves, any bounds, current sizes below min and above max, any costs."""
+    rng = np.random.default_rng(seed)
+    N = int(rng.integers(0, max_nodes + 1))
+    nodes = [str(x) for x in rng.permutation(rng.choice(NAMES, N, replace=False))]
+    pool = list(rng.permutation(nodes))
+    jobs = []
+    for j in range(int(rng.integers(1, max_jobs + 1))):
+        k = int(rng.integers(1, 6))
+        xs = np.sort(rng.choice(np.arange(1, 31), k, replace=False))
+        ys = rng.uniform(0, 100, k)          # not sorted: throughput may fall as nodes grow
+        if rng.random() < 0.3:
+            ys = np.sort(ys)
+        lo = int(rng.integers(1, 9))
+        hi = lo + int(rng.integers(0, 14))
+        up = 0.0 if rng.random() < 0.2 else float(rng.uniform(0, 60))
+        down = 0.0 if rng.random() < 0.2 else float(rng.uniform(0, 60))
+        c = min(len(pool), int(rng.integers(0, hi + 4)) if rng.random() < 0.7 else 0)
+        cur, pool = pool[:c], pool[c:]
+        jobs.append(JobRequest(f"J{j}", lo, hi, Curve(tuple(int(x) for x in xs), tuple(float(y) for y in ys)),
+                               up, down, tuple(cur), float(rng.uniform(0.2, 5.0))))
+    tfwd = float(rng.choice([1.0, 10.0, 30.0, float(rng.uniform(0.5, 120.0))]))
+    return Problem(nodes, jobs, tfwd)
+
+
+def with_objective(p: Problem, objective: str) -> Problem:
+    return Problem(p.nodes, p.jobs, p.tfwd, objective)
+
+
+def rate(job: JobRequest, n: int) -> float:
+    """S_j(n): the curve through (0, 0), flat after its last point, 0 below min_j."""
+    if n < job.min_nodes:
+        return 0.0
+    return float(np.interp(n, [0, *job.curve.nodes], [0.0, *job.curve.samples_per_second]))
+
+
+def job_value(job: JobRequest, n: int, tfwd: float, objective: str) -> float:
+    c = len(job.current_nodes)
+    sc = rate(job, c)
+    v = tfwd * rate(job, n) - (n > c) * job.scale_up_seconds * sc - (n < c) * job.scale_down_seconds * sc
+    if objective == "efficiency":
+        one = float(np.interp(1, [0, *job.curve.nodes], [0.0, *job.curve.samples_per_second]))
+        return v / one if one > 0 else v
+    if objective == "priority":
+        return v * job.priority
+    return v
+
+
+def allowed(job: JobRequest, capacity: int) -> list[int]:
+    return [0] + list(range(job.min_nodes, min(job.max_nodes, capacity) + 1))
+
+
+def formula_value(p: Problem, sizes: dict[str, int]) -> float:
+    return sum(job_value(j, sizes[j.id], p.tfwd, p.objective) for j in p.jobs)
+
+
+def enumerate_optimum(p: Problem) -> float:
+    """Best objective over every size combination with sum <= N (partial sums expanded, not merged)."""
+    N = p.capacity
+    sums, vals = np.zeros(1, dtype=np.int64), np.zeros(1)
+    for job in p.jobs:
+        new_s, new_v = [], []
+        for n in allowed(job, N):
+            keep = sums + n <= N
+            new_s.append(sums[keep] + n)
+            new_v.append(vals[keep] + job_value(job, n, p.tfwd, p.objective))
+        sums, vals = np.concatenate(new_s), np.concatenate(new_v)
+    return float(vals.max())
+
+
+@lru_cache(maxsize=None)
+def instance(seed: int) -> Problem:
+    return random_problem(seed)
+
+
+@lru_cache(maxsize=None)
+def optimum(seed: int, objective: str = "throughput") -> float:
+    return enumerate_optimum(with_objective(instance(seed), objective))
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= REL * max(1.0, abs(a), abs(b))
+
+
+def check_mapping(p: Problem, assignment: dict[str, list[str]], sizes: dict[str, int]) -> None:
+    """What every plan must satisfy, whatever policy made it."""
+    idle = set(p.nodes)
+    given: list[str] = [x for j in p.jobs for x in assignment[j.id]]
+    assert len(given) == len(set(given)), "a node given twice"
+    assert set(given) <= idle, "a node that is not idle"
+    assert sum(sizes.values()) <= p.capacity
+    for j in p.jobs:
+        n, got, cur = sizes[j.id], set(assignment[j.id]), set(j.current_nodes)
+        assert len(assignment[j.id]) == n
+        assert n == 0 or j.min_nodes <= n <= j.max_nodes, (j.id, n, j.min_nodes, j.max_nodes)
+        assert got >= cur or got <= cur, f"job {j.id} both gains and loses nodes"
+
+
+def check_plan(p: Problem, plan: Plan) -> None:
+    assert set(plan.assignment) == {j.id for j in p.jobs}
+    check_mapping(p, plan.assignment, plan.sizes)
+    assert close(plan.objective, formula_value(p, plan.sizes)), "reported objective is not the plan's"
+
+
+# ---------------------------------------------------------------- exactness of the default
+
+def test_generator_covers_the_hard_cases() -> None:
+    """The random instances do contain what the exactness test is meant to exercise."""
+    jobs = [(instance(s), j) for s in range(N_RANDOM) for j in instance(s).jobs]
+    assert any(j.current and j.current < j.min_nodes for _, j in jobs)
+    assert any(j.current > j.max_nodes for _, j in jobs)
+    assert any(j.min_nodes > p.capacity for p, j in jobs)
+    assert any(any(b < a for a, b in zip(j.curve.samples_per_second, j.curve.samples_per_second[1:]))
+               for _, j in jobs)
+    assert any(p.capacity == 0 for p, _ in jobs)
+    assert any(len(p.jobs) == 6 and p.capacity >= 20 for p, _ in jobs)
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+def test_default_matches_enumeration(seed: int) -> None:
+    p = instance(seed)
+    plan = allocate(p)
+    assert plan.status == "optimal" and (plan.policy, plan.solver) == ("milp", "dp")
+    check_plan(p, plan)
+    assert close(plan.objective, optimum(seed)), (plan.objective, optimum(seed))
+
+
+@pytest.mark.parametrize("objective", ["efficiency", "priority"])
+@pytest.mark.parametrize("seed", range(0, N_RANDOM, 4))
+def test_other_objectives_match_enumeration(seed: int, objective: str) -> None:
+    p = with_objective(instance(seed), objective)
+    plan = allocate(p)
+    check_plan(p, plan)
+    assert close(plan.objective, optimum(seed, objective)), (plan.objective, optimum(seed, objective))
+
+
+# ---------------------------------------------------------------- other solvers and policies
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+@pytest.mark.parametrize("seed", range(30))
+def test_milp_solvers_agree_with_dp(seed: int, solver: str) -> None:
+    p = instance(seed)
+    plan = allocate(p, "milp", solver, time_limit=30.0)
+    assert plan.status == "optimal" and plan.solver == solver
+    check_plan(p, plan)
+    assert close(plan.objective, allocate(p).objective)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_node_level_agrees_with_dp(seed: int) -> None:
+    p = random_problem(10_000 + seed, max_jobs=4, max_nodes=12)
+    res = node_level_solve(p, "cbc", time_limit=30.0)
+    assert res["status"] == "optimal"
+    assert set(res) >= {"status", "objective", "assignment", "sizes", "build_ms", "solve_ms"}
+    check_mapping(p, res["assignment"], res["sizes"])
+    assert close(res["objective"], allocate(p).objective)
+    assert close(res["objective"], enumerate_optimum(p))
+
+
+@pytest.mark.parametrize("policy", ["even", "greedy"])
+def test_heuristics_feasible_and_not_better(policy: str) -> None:
+    for seed in range(N_RANDOM):
+        p = instance(seed)
+        plan = allocate(p, policy)
+        assert plan.policy == policy
+        check_plan(p, plan)
+        assert plan.objective <= optimum(seed) + REL * max(1.0, abs(optimum(seed)))
+
+
+def large_problem(seed: int = 7, jobs: int = 150, nodes: int = 3000) -> Problem:
+    """Big enough that neither CBC nor HiGHS proves optimality in a few milliseconds."""
+    rng = np.random.default_rng(seed)
+    names = [f"{r}{k:02d}n{i:02d}" for r in string.ascii_lowercase[:8] for k in range(1, 37)
+             for i in range(1, 19)][:nodes]
+    pool = list(rng.permutation(names))
+    reqs = []
+    for j in range(jobs):
+        xs = np.sort(rng.choice(np.arange(1, 120), 5, replace=False))
+        lo = int(rng.integers(1, 20))
+        c = int(rng.integers(0, 30))
+        cur, pool = pool[:c], pool[c:]
+        reqs.append(JobRequest(f"J{j}", lo, lo + int(rng.integers(0, 100)),
+                               Curve(tuple(int(x) for x in xs), tuple(float(y) for y in rng.uniform(0, 1000, 5))),
+                               float(rng.uniform(0, 60)), float(rng.uniform(0, 60)), tuple(cur)))
+    return Problem(names, reqs, 30.0)
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_time_limit_still_gives_a_feasible_plan(solver: str) -> None:
+    p = large_problem()
+    best = allocate(p).objective
+    seen = set()
+    for limit in (0.0, 1e-3, 0.03):
+        plan = allocate(p, MilpPolicy(solver), time_limit=limit)
+        seen.add(plan.status)
+        assert plan.status in ("optimal", "time_limit", "fallback")
+        check_plan(p, plan)
+        assert plan.objective <= best + REL * abs(best)
+        if plan.status == "optimal":  # a time-limited incumbent must not be reported as optimal
+            assert close(plan.objective, best)
+    assert seen & {"time_limit", "fallback"}, f"the limits never bit: {seen}"
+
+
+# ---------------------------------------------------------------- empty instances
+
+JOB = JobRequest("J", 2, 4, Curve((1, 4), (10.0, 40.0)), 5.0, 7.0)
+
+
+@pytest.mark.parametrize("policy", ["milp", "even", "greedy"])
+@pytest.mark.parametrize("nodes,jobs", [([], []), (["a01n01", "a01n02"], []), ([], [JOB])])
+def test_empty_instances(policy: str, nodes: list[str], jobs: list[JobRequest]) -> None:
+    plan = allocate(Problem(nodes, jobs), policy)
+    assert plan.status in ("optimal", "heuristic") and plan.objective == 0.0
+    assert plan.assignment == {j.id: [] for j in jobs} and plan.sizes == {j.id: 0 for j in jobs}
+    res = node_level_solve(Problem(nodes, jobs))
+    assert res["status"] == "optimal" and res["objective"] == 0.0
+    assert res["assignment"] == {j.id: [] for j in jobs}
+
+
+def test_forced_shrink_costs_its_down_time() -> None:
+    """A job whose minimum no longer fits must go to 0 and pay its scale-down cost."""
+    job = JobRequest("J", 3, 8, Curve((1, 4), (10.0, 40.0)), 5.0, 7.0, ("a01n01", "a01n02"))
+    p = Problem(["a01n01", "a01n02"], [job], 10.0)
+    plan = allocate(p)
+    assert plan.status == "optimal" and plan.sizes == {"J": 0} and plan.assignment == {"J": []}
+    assert close(plan.objective, -7.0 * 0.0)  # S below min is 0, so the shrink costs nothing
+    job = JobRequest("J", 1, 1, Curve((1, 4), (10.0, 40.0)), 5.0, 7.0, ("a01n01", "a01n02"))
+    plan = allocate(Problem(["a01n01", "a01n02"], [job], 10.0))
+    assert plan.sizes == {"J": 1} and plan.assignment == {"J": ["a01n01"]}
+    assert close(plan.objective, 10.0 * 10.0 - 7.0 * 20.0)
+
+
+# ---------------------------------------------------------------- the command line
+
+EXAMPLE = {
+    "tfwd": 10,
+    "nodes": [f"a01n{i:02d}" for i in range(1, 9)],
+    "jobs": [{"id": "J1", "min_nodes": 1, "max_nodes": 8,
+              "curve": {"nodes": [1, 2, 4, 8], "samples_per_second": [100, 190, 350, 600]},
+              "scale_up_seconds": 18, "scale_down_seconds": 12, "current_nodes": ["a01n01"]}],
+}
+
+
+def run_cli(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "core.allocator", str(path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("idle,size,objective", [
+    # 8 idle: grow 1 -> 8, 10 s * 600 samples/s minus 18 s of the 100 samples/s it had
+    (8, 8, 10 * 600 - 18 * 100),
+    # 4 idle: grow 1 -> 4, 10 * 350 - 18 * 100 = 1700 beats staying (10 * 100 = 1000)
+    (4, 4, 10 * 350 - 18 * 100),
+    # 3 idle: 3 nodes would give 10 * 270 - 1800 = 900 < 1000, so the job stays on its node
+    (3, 1, 10 * 100),
+])
+def test_cli_example(tmp_path: Path, idle: int, size: int, objective: float) -> None:
+    inst = dict(EXAMPLE, nodes=EXAMPLE["nodes"][:idle])
+    path = tmp_path / "instance.json"
+    path.write_text(json.dumps(inst, indent=2))
+    out = run_cli(path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert {"status", "objective", "solve_ms", "assignment"} <= set(plan)
+    assert plan["status"] == "optimal" and plan["solve_ms"] >= 0
+    assert math.isclose(plan["objective"], objective)
+    assert plan["sizes"] == {"J1": size}
+    assert plan["assignment"] == {"J1": inst["nodes"][:size]}
+
+
+def test_cli_empty_instance(tmp_path: Path) -> None:
+    path = tmp_path / "empty.json"
+    path.write_text("{}")
+    out = run_cli(path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["status"] == "optimal" and plan["objective"] == 0 and plan["assignment"] == {}
+
+
+def _bad(**change) -> str:
+    inst = json.loads(json.dumps(EXAMPLE))
+    job = inst["jobs"][0]
+    for k, v in change.items():
+        if k.startswith("curve_"):
+            job["curve"][k[len("curve_"):]] = v
+        else:
+            job[k] = v
+    return json.dumps(inst, indent=2)
+
+
+@pytest.mark.parametrize("text,words", [
+    (_bad(min_nodes=5, max_nodes=2), ["min_nodes (5) > max_nodes (2)"]),
+    (_bad(curve_nodes=[0, 2, 4, 8]), ["jobs.0.curve", "positive"]),
+    (_bad(curve_samples_per_second=[100, 190]), ["4 node counts but 2 throughputs"]),
+    (_bad(current_nodes=["z09n09"]), ["z09n09", "not among the idle nodes"]),
+    ('{\n  "tfwd": 10,\n  "nodes": ["a01n01",]\n}\n', [":3:", "not valid JSON"]),
+], ids=["min>max", "curve-nodes", "lengths", "current-not-idle", "json"])
+def test_cli_rejects_bad_instances(tmp_path: Path, text: str, words: list[str]) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    out = run_cli(path)
+    assert out.returncode != 0 and not out.stdout
+    assert str(path) in out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
