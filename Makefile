@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-DEMO_ARGS ?= --hours 24
+DEMO_ARGS ?= --start 2021-02-10T20:00:00Z --hours 24
 
 .PHONY: demo test bench clean
 

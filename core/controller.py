@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from .allocator import Plan, allocate
 from .clock import Clock
 from .dispatchers.base import Dispatcher
-from .model import EVENT_PRIORITY, Event, EventKind, Job, JobState
+from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, JobRequest, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .store import Batch, Store, job_row
@@ -96,6 +96,8 @@ class Controller:
         self.counters = Counters()
         self.solve_ms: list[float] = []
         self.last_plan: Optional[Plan] = None
+        self.last_allocation = Allocation(clock.now(), {})
+        self._since: dict[str, float] = {}        # node -> when it last joined or left
         self._t_acc: Optional[float] = None
         self._inbox: list[Event] = []
         self._new_jobs: dict[str, Job] = {}
@@ -112,6 +114,7 @@ class Controller:
                 self._batch.nodes[n] = {"name": n, "state": "busy", "since": now, "job": None}
             for n in idle:
                 self.idle[n] = now
+                self._since[n] = now
                 self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
             self._batch.meta["config"] = asdict(self.config)
 
@@ -162,6 +165,7 @@ class Controller:
                         lost = {}
                     if ev.node not in self.idle:
                         self.idle[ev.node] = now
+                        self._since[ev.node] = now
                         self._batch.nodes[ev.node] = {"name": ev.node, "state": "idle", "since": now, "job": None}
                         changed = True
                 elif kind is EventKind.JOB_SUBMIT:
@@ -177,6 +181,8 @@ class Controller:
                 self._solve(now, result)
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
+            self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
+                                              dict(result.changes))
             return result
 
     def _log(self, ev: Event) -> None:
@@ -194,6 +200,7 @@ class Controller:
         if node is None or node not in self.idle:
             return False
         del self.idle[node]
+        self._since[node] = self.clock.now()
         self._batch.nodes[node] = {"name": node, "state": "busy", "since": self.clock.now(), "job": None}
         job = self.owner.pop(node, None)
         if job is not None:
@@ -381,6 +388,13 @@ class Controller:
         return ctl
 
     # ---- reading --------------------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        """Every node of the machine with its state and holder (for the grid and the API)."""
+        with self.lock:
+            names = self.node_names or list(self.idle)
+            return [Node(n, NodeState.IDLE if n in self.idle else NodeState.BUSY,
+                         self._since.get(n), self.owner.get(n)) for n in names]
+
     def samples_processed(self) -> float:
         now = self.clock.now()
         return sum(self.dispatcher.progress(j, now) if j.id in self.running else j.samples_done

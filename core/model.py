@@ -9,7 +9,7 @@ import enum
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -91,10 +91,6 @@ class Curve:
     def from_dict(cls, d: dict) -> "Curve":
         return cls(tuple(int(n) for n in d["nodes"]), tuple(float(s) for s in d["samples_per_second"]))
 
-    @classmethod
-    def linear(cls, per_node: float, upto: int) -> "Curve":
-        return cls((1, upto), (per_node, per_node * upto)) if upto > 1 else cls((1,), (per_node,))
-
 
 @dataclass
 class Job:
@@ -132,9 +128,19 @@ class Event:
     job: Optional[str] = None
     detail: str = ""
 
+
+@dataclass(frozen=True)
+class Node:
+    """One node as the controller sees it: offered or not, and which job holds it."""
+
+    name: str
+    state: NodeState
+    since: Optional[float] = None      # when it last changed state
+    job: Optional[str] = None          # holder, only ever set on an idle node
+
     @property
-    def order(self) -> tuple:
-        return (self.time, EVENT_PRIORITY[self.kind])
+    def rack(self) -> str:
+        return rack_of(self.name)
 
 
 @dataclass
@@ -153,10 +159,3 @@ def rack_of(node: str) -> str:
     """Summit-style rack of a node name (`a02n07` -> `a02`); other names are their own rack."""
     m = _RACK.match(node)
     return m.group(1) if m else node
-
-
-def by_rack(nodes: Sequence[str]) -> dict[str, list[str]]:
-    racks: dict[str, list[str]] = {}
-    for n in nodes:
-        racks.setdefault(rack_of(n), []).append(n)
-    return racks

@@ -92,7 +92,3 @@ def objective_value(tables: Sequence[np.ndarray], sizes: Sequence[int]) -> float
 
 def tables_for(problem: Problem) -> list[np.ndarray]:
     return [value_table(j, problem.tfwd, problem.capacity, problem.objective) for j in problem.jobs]
-
-
-def currents(jobs: Sequence[JobRequest]) -> list[int]:
-    return [j.current for j in jobs]

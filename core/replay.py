@@ -84,8 +84,7 @@ class Replay:
         self.jobset: list[Job] = load_jobset(settings.jobs)
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
         node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
-        self.source_probe = TraceSource(settings.trace, [])
-        _, first, last = self.source_probe.validate()
+        _, first, last = TraceSource(settings.trace, []).validate()
         if first is None:
             raise InputError(settings.trace, None, "the trace has no transitions")
         if node_list is not None:

@@ -178,6 +178,11 @@ def test_leave_is_handled_before_anything_else():
     assert d.calls[0] == ("vacate", "J", (victim,))
     assert victim not in ctl.held["J"] and victim not in ctl.owner
     assert "a02n01" in ctl.held["J"] and r.events == 2
+    view = {n.name: n for n in ctl.nodes()}
+    assert view[victim].state.value == "busy" and view[victim].job is None
+    assert view[victim].since == T0 + 60 and view[ctl.held["J"][0]].job == "J"
+    alloc = ctl.last_allocation
+    assert alloc.time == T0 + 60 and alloc.assignment["J"] == ctl.held["J"]
     assert ctl.counters.solves == 2 and ctl.counters.preemptions == 1
 
 
@@ -343,3 +348,18 @@ def test_summit_trace_uses_the_full_node_list_however_it_is_named():
         st = ReplaySettings(hours=0.01) if trace is None else ReplaySettings(trace=trace, hours=0.01)
         r = Replay(st)
         assert len(r.all_nodes) == 4734 and r.all_nodes[0] == "a01n01"
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_replay_through_pulp_solvers_matches_dp(small_trace, small_jobs, solver):
+    """The controller reaches the same optimum at every step whichever exact solver it uses."""
+    runs = {}
+    for s in ("dp", solver):
+        steps = []
+        out = Replay(settings(small_trace, small_jobs, tfwd=600, solver=s)).run(on_step=steps.append)
+        runs[s] = (out, [r.objective for r in steps if r.objective is not None],
+                   {r.status for r in steps if r.status})
+    (dp, dp_obj, _), (other, obj, statuses) = runs["dp"], runs[solver]
+    assert statuses == {"optimal"} and other["solver"] == solver
+    assert obj == pytest.approx(dp_obj, rel=1e-6)
+    assert other["jobs_finished"] == dp["jobs_finished"] == 3
