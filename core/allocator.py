@@ -16,7 +16,7 @@ from typing import Union
 
 from pydantic import ValidationError
 
-from .objective import JobRequest, Problem, objective_value, tables_for
+from .objective import OBJECTIVES, JobRequest, Problem, objective_value, tables_for
 from .placement import place
 from .policies import POLICIES, SOLVERS, SizePolicy, SizeProblem, make_policy
 from .policies.base import check_sizes
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("instance", type=Path)
     ap.add_argument("--policy", choices=POLICIES, default="milp")
     ap.add_argument("--solver", choices=SOLVERS, default="dp")
-    ap.add_argument("--objective", choices=("throughput", "efficiency", "priority"),
+    ap.add_argument("--objective", choices=OBJECTIVES,
                     help="override the instance's objective")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver limit, seconds")
     args = ap.parse_args(argv)

@@ -366,8 +366,10 @@ class Controller:
         now = clock.now()
         ctl._t_acc = now
         ctl.idle = store.idle_nodes()
-        for name, owner in store.db.execute("select name, job from nodes where job is not null"):
-            ctl.owner[name] = owner
+        for name, since, owner in store.db.execute("select name, since, job from nodes"):
+            ctl._since[name] = since
+            if owner is not None:
+                ctl.owner[name] = owner
         rows = store.jobs()
         order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
         for job, nodes in rows:

@@ -262,6 +262,7 @@ def test_store_is_wal_and_restores_the_controller(tmp_path):
         assert ctl2.jobs[jid].state == ctl.jobs[jid].state
         assert ctl2.jobs[jid].samples_done == pytest.approx(ctl.jobs[jid].samples_done)
     assert ctl2.n_queued == 1 and ctl2.counters == ctl.counters
+    assert ctl2.nodes() == ctl.nodes()
     tables = {r[0] for r in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")}
     assert {"jobs", "nodes", "events", "allocations", "throughput", "solver_runs", "meta"} <= tables
 
