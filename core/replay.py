@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
 from .controller import QUEUE_ORDERS, Controller, ControllerConfig, StepResult
@@ -124,6 +124,10 @@ class Replay:
             self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
         self.arrivals.sort(key=lambda j: j.submit_time)
         self.wall_s = 0.0
+        self._batches: Optional[Iterator] = None
+        self._nxt = None
+        self._i = 0
+        self._last_flush = time.perf_counter()
 
     def _nodes_in_trace(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -132,49 +136,84 @@ class Replay:
             seen.setdefault(node, None)
         return machine_order(seen)
 
-    def run(self, on_step: Optional[Callable[[StepResult], None]] = None,
-            progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> dict:
+    def _next_time(self) -> float:
+        t_trace = self._nxt[0] if self._nxt else math.inf
+        t_arr = (max(self.arrivals[self._i].submit_time, self.start)
+                 if self._i < len(self.arrivals) else math.inf)
+        t_done = self.dispatcher.next_event_time(self.clock.now())
+        return min(t_trace, t_arr, t_done if t_done is not None else math.inf)
+
+    def advance(self, until: float, on_step: Optional[Callable[[StepResult], None]] = None,
+                progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> bool:
+        """Handle every event up to simulated time `until` and move the clock there.
+
+        Returns False once the window is over (call finish() then). Live replay calls this from
+        its scheduler tick; the headless run calls it once with the end of the window.
+        """
         t_wall = time.perf_counter()
         ctl, clock = self.controller, self.clock
-        batches = iter(self.source.batches())
-        nxt = next(batches, None)
-        i = 0
-        last_flush = time.perf_counter()
+        if self._batches is None:
+            self._batches = iter(self.source.batches())
+            self._nxt = next(self._batches, None)
+        limit = min(until, self.end)
+        more = True
         while True:
-            t_trace = nxt[0] if nxt else math.inf
-            t_arr = max(self.arrivals[i].submit_time, self.start) if i < len(self.arrivals) else math.inf
-            t_done = self.dispatcher.next_event_time(clock.now())
-            t = min(t_trace, t_arr, t_done if t_done is not None else math.inf)
+            t = self._next_time()
             if t == math.inf or t >= self.end:
+                more = False
+                break
+            if t > limit:
                 break
             clock.advance_to(max(t, clock.now()))
             now = clock.now()
             events = []
-            if nxt and nxt[0] <= now:
-                events.extend(nxt[1])
-                nxt = next(batches, None)
-            while i < len(self.arrivals) and max(self.arrivals[i].submit_time, self.start) <= now:
-                ctl.submit(self.arrivals[i])
-                i += 1
+            if self._nxt and self._nxt[0] <= now:
+                events.extend(self._nxt[1])
+                self._nxt = next(self._batches, None)
+            while self._i < len(self.arrivals) and max(self.arrivals[self._i].submit_time, self.start) <= now:
+                ctl.submit(self.arrivals[self._i])
+                self._i += 1
             events.extend(self.dispatcher.poll(now))
             result = ctl.step(events)
             if result is not None and on_step is not None:
                 on_step(result)
             if progress is not None:
                 progress(now)
-            if time.perf_counter() - last_flush >= flush_every_s:
-                ctl.flush({"replay": self.settings.key(), "replay_cursor": now})
-                last_flush = time.perf_counter()
+            if time.perf_counter() - self._last_flush >= flush_every_s:
+                self.checkpoint()
+        if clock.now() < limit:
+            clock.advance_to(limit)
+        self.wall_s += time.perf_counter() - t_wall
+        return more and clock.now() < self.end
+
+    def checkpoint(self, done: bool = False) -> None:
+        """Flush the controller with where the replay stands, so --resume continues from here."""
+        meta = {"replay": self.settings.key(), "replay_cursor": self.clock.now()}
+        if done:
+            meta["replay_done"] = True
+        self.controller.flush(meta)
+        self._last_flush = time.perf_counter()
+
+    def finish(self) -> dict:
+        """Close the window: account up to its end, record the last completions, flush."""
+        t_wall = time.perf_counter()
+        ctl, clock = self.controller, self.clock
         clock.advance_to(max(self.end, clock.now()))
         for ev in self.dispatcher.poll(clock.now()):
             ctl.post(ev)
-        ctl.step()
+        ctl.step(force=False)
         self.wall_s += time.perf_counter() - t_wall
-        ctl.flush({"replay": self.settings.key(), "replay_cursor": clock.now(),
-                   "replay_done": True})
-        if progress is not None:
-            progress(clock.now())
+        self.checkpoint(done=True)
         return self.summary()
+
+    def run(self, on_step: Optional[Callable[[StepResult], None]] = None,
+            progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> dict:
+        """The whole window as fast as the machine allows; returns the summary."""
+        self.advance(self.end, on_step, progress, flush_every_s)
+        summary = self.finish()
+        if progress is not None:
+            progress(self.clock.now())
+        return summary
 
     def summary(self) -> dict:
         ctl = self.controller
@@ -307,7 +346,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         summary = replay.run(on_step, progress)
     except KeyboardInterrupt:
-        replay.controller.flush({"replay": settings.key(), "replay_cursor": replay.clock.now()})
+        replay.checkpoint()
         print("interrupted; state saved" + (f" in {args.db} (continue with --resume)" if args.db else ""),
               file=sys.stderr)
         return 130
