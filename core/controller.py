@@ -308,12 +308,11 @@ class Controller:
                 continue  # no migration: same size means same nodes
             self.dispatcher.resize(job, after, now)
             self.held[job.id] = list(after)
-            removed = set(before) - set(after)
-            for n in removed:
+            had, has = set(before), set(after)
+            for n in had - has:
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
                     self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": None}
-            had = set(before)
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
                 self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": job.id}

@@ -84,13 +84,11 @@ class Replay:
         self.jobset: list[Job] = load_jobset(settings.jobs)
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
         node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
-        _, first, last = TraceSource(settings.trace, []).validate()
+        checked = TraceSource(settings.trace, [])
+        _, first, last = checked.validate()
         if first is None:
             raise InputError(settings.trace, None, "the trace has no transitions")
-        if node_list is not None:
-            all_nodes = read_node_list(node_list)
-        else:
-            all_nodes = self._nodes_in_trace()
+        all_nodes = read_node_list(node_list) if node_list is not None else machine_order(checked.seen_nodes)
         self.all_nodes = select_nodes(all_nodes, settings.nodes, settings.racks)
         self.start = parse_iso(settings.start) if settings.start else first
         self.end = self.start + settings.hours * 3600 if settings.hours else last + 1.0
@@ -107,7 +105,6 @@ class Replay:
             if saved != settings.key():
                 store.close()
                 raise ValueError(f"{db} holds a replay with other settings: {saved}")
-        if resumed_at is not None:
             self.clock = SimClock(resumed_at)
             self.controller = Controller.restore(store, self.dispatcher, self.clock,
                                                  settings.config, self.all_nodes)
@@ -128,13 +125,6 @@ class Replay:
         self._nxt = None
         self._i = 0
         self._last_flush = time.perf_counter()
-
-    def _nodes_in_trace(self) -> list[str]:
-        seen: dict[str, None] = {}
-        from .sources.trace import read_transitions
-        for _, node, _, _ in read_transitions(self.settings.trace):
-            seen.setdefault(node, None)
-        return machine_order(seen)
 
     def _next_time(self) -> float:
         t_trace = self._nxt[0] if self._nxt else math.inf
@@ -201,7 +191,7 @@ class Replay:
         clock.advance_to(max(self.end, clock.now()))
         for ev in self.dispatcher.poll(clock.now()):
             ctl.post(ev)
-        ctl.step(force=False)
+        ctl.step()
         self.wall_s += time.perf_counter() - t_wall
         self.checkpoint(done=True)
         return self.summary()

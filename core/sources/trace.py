@@ -140,13 +140,17 @@ class TraceSource(NodeSource):
         return list(self.nodes)
 
     def validate(self) -> tuple[int, Optional[float], Optional[float]]:
-        """Read the whole log once: (lines, first time, last time); raises on the first bad line."""
+        """Read the whole log once: (lines, first time, last time); raises on the first bad line.
+        The node names seen are kept in `seen_nodes` (the machine, when no node list is given)."""
         count, first, last = 0, None, None
-        for t, _, _, _ in read_transitions(self.path):
+        seen: dict[str, None] = {}
+        for t, node, _, _ in read_transitions(self.path):
             count += 1
             first = t if first is None else first
             last = t
+            seen[node] = None
         self.first_time, self.last_time = first, last
+        self.seen_nodes = list(seen)
         return count, first, last
 
     def _prime(self) -> None:
