@@ -59,6 +59,7 @@ class Counters:
     jobs_finished: int = 0
     offered_node_s: float = 0.0
     used_node_s: float = 0.0
+    by_kind: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,7 +79,8 @@ class StepResult:
 
 class Controller:
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
-                 store: Optional[Store] = None, node_names: Sequence[str] = ()) -> None:
+                 store: Optional[Store] = None, node_names: Sequence[str] = (),
+                 timeline_every: float = 60.0) -> None:
         self.config = config or ControllerConfig()
         self.policy = make_policy(self.config.policy, self.config.solver)
         self.dispatcher = dispatcher
@@ -97,7 +99,10 @@ class Controller:
         self.solve_ms: list[float] = []
         self.last_plan: Optional[Plan] = None
         self.last_allocation = Allocation(clock.now(), {})
-        self._since: dict[str, float] = {}        # node -> when it last joined or left
+        self._since: dict[str, float] = {}        # node -> when it last joined, left or changed holder
+        self.rescaling_until: dict[str, float] = {}  # job -> end of its current rescale pause
+        self.timeline_every = timeline_every      # simulated seconds between timeline points
+        self._timeline_t: Optional[float] = None
         self._t_acc: Optional[float] = None
         self._inbox: list[Event] = []
         self._new_jobs: dict[str, Job] = {}
@@ -118,19 +123,37 @@ class Controller:
                 self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
             self._batch.meta["config"] = asdict(self.config)
 
-    def submit(self, job: Job) -> None:
-        """Register a job; it is queued and considered at the next step."""
+    def submit(self, job: Job, durable: bool = False) -> None:
+        """Register a job; it is queued and considered at the next step. `durable` writes it to
+        the store before returning, so a job a person registered survives a crash right after."""
         with self.lock:
             if job.id in self.jobs or job.id in self._new_jobs:
                 raise ValueError(f"job id {job.id} already exists")
             self._new_jobs[job.id] = job
             self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
+            if durable and self.store is not None:
+                self.store.write(Batch(jobs={job.id: job_row(job)}))
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, durable: bool = False) -> None:
         with self.lock:
-            if job_id not in self.jobs and job_id not in self._new_jobs:
+            job = self.jobs.get(job_id) or self._new_jobs.get(job_id)
+            if job is None:
                 raise KeyError(job_id)
-            self._inbox.append(Event(self.clock.now(), EventKind.JOB_CANCEL, job=job_id))
+            now = self.clock.now()
+            self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
+            if durable and self.store is not None and not job.state.finished:
+                row = job_row(job)
+                row.update(state=JobState.CANCELLED.value, end_time=now)
+                self.store.write(Batch(jobs={job_id: row}))
+
+    @property
+    def pending(self) -> bool:
+        """Commands or events wait for the next step."""
+        return bool(self._inbox)
+
+    def job(self, job_id: str) -> Optional[Job]:
+        with self.lock:
+            return self.jobs.get(job_id) or self._new_jobs.get(job_id)
 
     def post(self, event: Event) -> None:
         with self.lock:
@@ -149,8 +172,10 @@ class Controller:
             self.counters.events += len(batch)
             changed = force
             lost: dict[str, list[str]] = {}
+            by_kind = self.counters.by_kind
             for ev in batch:
                 self._log(ev)
+                by_kind[ev.kind.value] = by_kind.get(ev.kind.value, 0) + 1
                 kind = ev.kind
                 if kind is EventKind.NODE_LEAVE:
                     changed |= self._leave(ev.node, lost)
@@ -183,7 +208,17 @@ class Controller:
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
                                               dict(result.changes))
+            if self._timeline_t is None or now - self._timeline_t >= self.timeline_every:
+                self._timeline_point(now, result.samples_per_second)
             return result
+
+    def _timeline_point(self, now: float, rate: Optional[float] = None) -> None:
+        if rate is None:
+            rate = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
+        self._timeline_t = now
+        self._batch.timeline.append({"time": now, "idle": len(self.idle), "used": len(self.owner),
+                                     "running": len(self.running), "queued": self.n_queued,
+                                     "samples_per_second": rate})
 
     def _log(self, ev: Event) -> None:
         self._batch.events.append({"time": ev.time, "kind": ev.kind.value, "node": ev.node,
@@ -217,6 +252,8 @@ class Controller:
             self.held[jid] = after
             self.dispatcher.vacate(job, nodes, now)
             self.counters.preemptions += len(nodes)
+            if after:
+                self.rescaling_until[jid] = now + job.scale_down_seconds
             self._record_change(job, before, after, now, "preempted")
 
     def _release(self, job: Job) -> list[str]:
@@ -247,6 +284,7 @@ class Controller:
         job.end_time = now
         self._release(job)
         self.running.pop(job.id, None)
+        self.rescaling_until.pop(job.id, None)
         if before:
             self._record_change(job, before, [], now, state.value)
         if state is JobState.DONE:
@@ -312,12 +350,16 @@ class Controller:
             for n in had - has:
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
-                    self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": None}
+                    self._since[n] = now
+                    self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
-                self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle.get(n, now), "job": job.id}
+                self._since[n] = now
+                self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": job.id}
             if before and after:
                 self.counters.rescales += 1
+                self.rescaling_until[job.id] = now + (
+                    job.scale_up_seconds if len(after) > len(before) else job.scale_down_seconds)
             result.changes[job.id] = (len(before), len(after))
             self._record_change(job, before, after, now,
                                 "start" if not before else "stop" if not after else
@@ -333,7 +375,8 @@ class Controller:
         rate = self.dispatcher.rate(job)
         if after and job.state is JobState.RUNNING:
             self._batch.throughput.append({"time": now, "job": job.id, "nodes": len(after),
-                                           "samples_per_second": rate, "source": self.dispatcher.name})
+                                           "samples_per_second": rate, "source": self.dispatcher.name,
+                                           "samples_done": self.dispatcher.progress(job, now)})
         self._batch.jobs[job.id] = job_row(job, after, rate)
 
     # ---- persistence ----------------------------------------------------------------------
@@ -348,6 +391,8 @@ class Controller:
                 job.samples_done = self.dispatcher.progress(job, now)
                 self._batch.jobs[jid] = job_row(job, self.held.get(jid, []), self.dispatcher.rate(job))
             self._batch.meta["clock"] = now
+            if self._timeline_t is None or now - self._timeline_t >= self.timeline_every:
+                self._timeline_point(now)
             self._batch.meta["running"] = list(self.running)
             self._batch.meta["counters"] = asdict(self.counters)
             if extra_meta:
@@ -365,11 +410,12 @@ class Controller:
         now = clock.now()
         ctl._t_acc = now
         ctl.idle = store.idle_nodes()
+        rows = store.jobs()
+        running = {job.id for job, _ in rows if job.state is JobState.RUNNING}
         for name, since, owner in store.db.execute("select name, since, job from nodes"):
             ctl._since[name] = since
-            if owner is not None:
+            if owner in running and name in ctl.idle:
                 ctl.owner[name] = owner
-        rows = store.jobs()
         order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
         for job, nodes in rows:
             ctl.jobs[job.id] = job
@@ -386,6 +432,8 @@ class Controller:
         if counters:
             ctl.counters = Counters(**counters)
         ctl.solve_ms = [r[0] for r in store.db.execute("select solve_ms from solver_runs order by id")]
+        last = store.db.execute("select max(time) from timeline").fetchone()[0]
+        ctl._timeline_t = last
         return ctl
 
     # ---- reading --------------------------------------------------------------------------

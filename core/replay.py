@@ -55,12 +55,23 @@ class ReplaySettings:
 
     def key(self) -> dict:
         """What must match for a stored run to be resumed."""
-        return {"trace": str(self.trace), "jobs": str(self.jobs), "nodes": self.nodes,
+        return {"trace": str(self.trace), "jobs": str(self.jobs),
+                "node_list": str(self.node_list) if self.node_list else None, "nodes": self.nodes,
                 "racks": self.racks, "start": self.start, "hours": self.hours,
                 "coalesce": self.coalesce, "policy": self.config.policy,
                 "solver": self.config.solver, "objective": self.config.objective,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
                 "queue": self.config.queue}
+
+
+    @classmethod
+    def from_key(cls, key: dict) -> "ReplaySettings":
+        """The settings a stored run was made with (the inverse of key())."""
+        config = ControllerConfig(key["policy"], key["solver"], key["objective"], key["tfwd"],
+                                  key["max_jobs"], key["queue"])
+        return cls(Path(key["trace"]), Path(key["jobs"]),
+                   Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
+                   key["racks"], key["start"], key["hours"], key["coalesce"], config)
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:
@@ -127,6 +138,8 @@ class Replay:
         self._last_flush = time.perf_counter()
 
     def _next_time(self) -> float:
+        if self.controller.pending:
+            return self.clock.now()
         t_trace = self._nxt[0] if self._nxt else math.inf
         t_arr = (max(self.arrivals[self._i].submit_time, self.start)
                  if self._i < len(self.arrivals) else math.inf)

@@ -21,7 +21,7 @@ JOB_ID = "replay-tick"
 
 class ReplayRunner:
     def __init__(self, replay: Replay, speed: float = 60.0, tick_s: float = 0.5,
-                 scheduler: Optional[BaseScheduler] = None) -> None:
+                 scheduler: Optional[BaseScheduler] = None, first_seq: int = 0) -> None:
         if speed <= 0 or tick_s <= 0:
             raise ValueError("speed and tick_s must be positive")
         self.replay = replay
@@ -30,12 +30,13 @@ class ReplayRunner:
         self._own = scheduler is None
         self.scheduler = scheduler or BackgroundScheduler(daemon=True)
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
         self.status = "stopped"
         self.summary: Optional[dict] = None
-        self._seq = 0
+        self._seq = first_seq
         self._wall0 = time.monotonic()
         self._sim0 = replay.clock.now()
-        self._snapshot = build_snapshot(replay.controller, self.status, 0)
+        self._snapshot = build_snapshot(replay.controller, self.status, first_seq)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -104,6 +105,18 @@ class ReplayRunner:
                     self.scheduler.remove_job(JOB_ID)
             self._publish()
 
+    def command(self, fn):
+        """Run `fn()` between ticks (never during one) and publish what it changed."""
+        with self._lock:
+            result = fn()
+        self._publish()
+        return result
+
+    def publish(self) -> None:
+        """Publish a fresh snapshot now (after a command, so readers see it before the next tick)."""
+        self._publish()
+
     def _publish(self) -> None:
-        self._seq += 1
-        self._snapshot = build_snapshot(self.replay.controller, self.status, self._seq)
+        with self._publish_lock:
+            self._seq += 1
+            self._snapshot = build_snapshot(self.replay.controller, self.status, self._seq)

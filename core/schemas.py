@@ -136,3 +136,72 @@ def explain(err: ValidationError, prefix: Optional[str] = None) -> str:
         lines.append(f"{where}: {msg}")
     text = "; ".join(lines)
     return f"{prefix}: {text}" if prefix else text
+
+
+NAME_MAX = 100
+NODES_MAX = 100_000
+
+
+def parse_curve_text(text: str) -> dict:
+    """`1:1200, 8:9000` (nodes:samples/s pairs) as the form writes a curve, into CurveSpec input."""
+    nodes, rates = [], []
+    for part in (p.strip() for p in text.replace(";", ",").split(",")):
+        if not part:
+            continue
+        n, sep, s = part.partition(":")
+        if not sep:
+            raise ValueError(f"{part!r} is not nodes:samples_per_second (e.g. 1:1200, 8:9000)")
+        try:
+            nodes.append(int(n.strip()))
+            rates.append(float(s.strip()))
+        except ValueError:
+            raise ValueError(f"{part!r}: nodes must be a whole number and samples/s a number")
+    if not nodes:
+        raise ValueError("give at least one nodes:samples_per_second pair")
+    return {"nodes": nodes, "samples_per_second": rates}
+
+
+class JobSpec(BaseModel):
+    """A job registered by a person, through the web form or `POST /api/jobs`: one set of rules
+    for both, so that the form and the API refuse the same input with the same words."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=NAME_MAX)
+    min_nodes: int = Field(ge=1, le=NODES_MAX)
+    max_nodes: int = Field(ge=1, le=NODES_MAX)
+    total_samples: float = Field(gt=0, le=1e15)
+    curve: CurveSpec
+    scale_up_seconds: float = Field(default=18.0, ge=0, le=3600)
+    scale_down_seconds: float = Field(default=12.0, ge=0, le=3600)
+    priority: float = Field(default=1.0, gt=0, le=1000)
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("name must be printable text on one line")
+        return v
+
+    @field_validator("max_nodes")
+    @classmethod
+    def _max_at_least_min(cls, v: int, info) -> int:
+        lo = info.data.get("min_nodes")
+        if lo is not None and v < lo:
+            raise ValueError(f"max nodes ({v}) must be at least min nodes ({lo})")
+        return v
+
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _curve_text(cls, v):
+        return parse_curve_text(v) if isinstance(v, str) else v
+
+
+def field_errors(err: ValidationError) -> dict[str, str]:
+    """Pydantic errors keyed by the top-level field they belong to (what a form shows beside it)."""
+    out: dict[str, str] = {}
+    for e in err.errors():
+        where = str(e["loc"][0]) if e["loc"] else "form"
+        msg = e["msg"].removeprefix("Value error, ")
+        out.setdefault(where, msg)
+    return out

@@ -31,7 +31,9 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "allocations": ({"id": int, "time": float, "job": str, "from_nodes": int, "to_nodes": int,
                      "added": str, "removed": str, "reason": str}, {"pk": "id"}),
     "throughput": ({"id": int, "time": float, "job": str, "nodes": int,
-                    "samples_per_second": float, "source": str}, {"pk": "id"}),
+                    "samples_per_second": float, "samples_done": float, "source": str}, {"pk": "id"}),
+    "timeline": ({"time": float, "idle": int, "used": int, "running": int, "queued": int,
+                  "samples_per_second": float}, {"pk": "time"}),
     "solver_runs": ({"id": int, "time": float, "policy": str, "solver": str, "status": str,
                      "objective": float, "jobs": int, "nodes": int, "solve_ms": float},
                     {"pk": "id"}),
@@ -39,6 +41,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]),
            ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"])]
+HISTORY = ("events", "allocations", "throughput", "solver_runs")
 
 
 @dataclass
@@ -51,11 +54,12 @@ class Batch:
     allocations: list[dict] = field(default_factory=list)
     throughput: list[dict] = field(default_factory=list)
     solver_runs: list[dict] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return any((self.jobs, self.nodes, self.events, self.allocations, self.throughput,
-                    self.solver_runs, self.meta))
+                    self.solver_runs, self.timeline, self.meta))
 
 
 def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
@@ -98,8 +102,13 @@ class Store:
     def _ensure_schema(self) -> None:
         with self.lock:
             for name, (columns, opts) in SCHEMA.items():
-                if not self.db[name].exists():
-                    self.db[name].create(columns, **opts)
+                table = self.db[name]
+                if not table.exists():
+                    table.create(columns, **opts)
+                else:
+                    for col, typ in columns.items():
+                        if col not in table.columns_dict:
+                            table.add_column(col, typ)
             for table, cols in INDEXES:
                 self.db[table].create_index(cols, if_not_exists=True)
 
@@ -118,10 +127,12 @@ class Store:
                 self.db["jobs"].upsert_all(batch.jobs.values(), pk="id")
             if batch.nodes:
                 self.db["nodes"].upsert_all(batch.nodes.values(), pk="name")
-            for table in ("events", "allocations", "throughput", "solver_runs"):
+            for table in HISTORY:
                 rows = getattr(batch, table)
                 if rows:
                     self.db[table].insert_all(rows, batch_size=1000)
+            if batch.timeline:
+                self.db["timeline"].upsert_all(batch.timeline, pk="time")
             if batch.meta:
                 self.db["meta"].upsert_all(
                     ({"key": k, "value": json.dumps(v)} for k, v in batch.meta.items()), pk="key")
@@ -140,6 +151,12 @@ class Store:
     def count(self, table: str, where: Optional[str] = None, args: Iterable = ()) -> int:
         sql = f"select count(*) from [{table}]" + (f" where {where}" if where else "")
         return self.db.execute(sql, list(args)).fetchone()[0]
+
+    def reset(self) -> None:
+        """Forget the run this store holds (a new replay scenario), in one transaction."""
+        with self.lock, self.db.atomic():
+            for name in SCHEMA:
+                self.db.execute(f"delete from [{name}]")
 
     def close(self) -> None:
         self.db.conn.close()

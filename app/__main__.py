@@ -1,0 +1,125 @@
+"""Serve the dashboard: `python -m app [--host H] [--port P] [--db PATH] [--users FILE] ...`.
+
+One process: the Dash app and its API under waitress, and the APScheduler thread that drives
+the controller (so the scheduler is never duplicated by server workers). With a store that
+already holds a run, that run continues (after a crash too); --fresh starts over.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+from core.controller import QUEUE_ORDERS, ControllerConfig
+from core.errors import InputError
+from core.policies import POLICIES
+from core.replay import DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
+from core.service import Harvester
+
+from .auth import Users
+
+DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
+SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
+                 "max_jobs", "queue", "speed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8050)
+    ap.add_argument("--db", type=Path, default=Path("harvest.db"), help="SQLite store (default: harvest.db)")
+    ap.add_argument("--fresh", action="store_true", help="start a new run even if --db holds one")
+    ap.add_argument("--users", type=Path, help="users file (python -m app.users add ...); "
+                                               "default: HARVEST_USERS_FILE / HARVEST_USERS, else a demo account")
+    ap.add_argument("--scenario", type=Path, help=f"JSON file with replay settings ({', '.join(SCENARIO_KEYS)})")
+    g = ap.add_argument_group("replay (override --scenario)")
+    g.add_argument("--trace", type=Path)
+    g.add_argument("--jobs", type=Path)
+    g.add_argument("--node-list", type=Path)
+    g.add_argument("--nodes", type=int)
+    g.add_argument("--racks")
+    g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START})")
+    g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
+    g.add_argument("--policy", choices=POLICIES)
+    g.add_argument("--tfwd", type=float)
+    g.add_argument("--max-jobs", type=int)
+    g.add_argument("--queue", choices=QUEUE_ORDERS)
+    g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
+    ap.add_argument("--tick", type=float, default=0.5, help="seconds between scheduler ticks")
+    ap.add_argument("--threads", type=int, default=8, help="web server threads")
+    return ap
+
+
+def scenario(args) -> tuple[ReplaySettings, float]:
+    s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "start": DEFAULT_START, "speed": 60.0}
+    if args.scenario:
+        try:
+            loaded = json.loads(args.scenario.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{args.scenario}: {e}")
+        unknown = set(loaded) - set(SCENARIO_KEYS)
+        if unknown:
+            raise ValueError(f"{args.scenario}: unknown key(s) {', '.join(sorted(unknown))}")
+        s.update(loaded)
+    for k in SCENARIO_KEYS:
+        v = getattr(args, k, None)
+        if v is not None:
+            s[k] = str(v) if isinstance(v, Path) else v
+    base = ControllerConfig()
+    config = ControllerConfig(s.get("policy", base.policy), base.solver, base.objective,
+                              float(s.get("tfwd", base.tfwd)), int(s.get("max_jobs", base.max_jobs)),
+                              s.get("queue", base.queue))
+    hours = s.get("hours")
+    if hours is not None and float(hours) <= 0:
+        raise ValueError("--hours must be positive")
+    settings = ReplaySettings(Path(s["trace"]), Path(s["jobs"]),
+                              Path(s["node_list"]) if s.get("node_list") else None, s.get("nodes"),
+                              s.get("racks"), s.get("start"), float(hours) if hours else None, 0.0, config)
+    return settings, float(s["speed"])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    try:
+        settings, speed = scenario(args)
+        users = Users.load(args.users)
+        password = None
+        if users is None:
+            users, password = Users.demo()
+        harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick, fresh=args.fresh)
+        harvester.open()
+    except (InputError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from waitress import serve
+
+    from .web import create_app
+    app = create_app(harvester, users)
+    url = f"http://{args.host}:{args.port}"
+    snap = harvester.snapshot
+    print(f"dashboard on {url}  ({len(snap.nodes):,} nodes, {harvester.speed:g}x, store {args.db})", flush=True)
+    if password:
+        print(f"demo account: user 'demo' (staff), password '{password}'  "
+              f"(pass --users FILE for real accounts)", flush=True)
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        serve(app.server, host=args.host, port=args.port, threads=args.threads, ident="harvester")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        harvester.close()
+        print("stopped; state saved in", args.db, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""JSON API on the dashboard's own server. Reads are open; writes need a bearer token from
+`POST /api/token` (or the browser's login session), and are validated by the same pydantic
+model as the web form.
+
+    POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
+    GET    /api/health
+    GET    /api/cluster        [?nodes=0 to leave out the per-node list]
+    GET    /api/jobs           [?state=running&owner=alice]
+    POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
+    GET    /api/jobs/<id>
+    DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
+    POST   /api/replay/<pause|resume>   staff only
+"""
+from __future__ import annotations
+
+import flask
+from flask import jsonify, request
+from pydantic import ValidationError
+
+from core.explain import why
+from core.schemas import JobSpec, field_errors
+from core.snapshot import BUSY, HELD
+
+from . import context
+from .auth import TOKEN_TTL_S
+
+STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
+
+
+def _err(status: int, message: str, **extra):
+    resp = jsonify({"error": message, **extra})
+    resp.status_code = status
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="harvester"'
+    return resp
+
+
+def _job_json(j: dict) -> dict:
+    return {k: j[k] for k in ("id", "name", "owner", "state", "nodes", "min_nodes", "max_nodes", "priority",
+                              "samples_per_second", "samples_done", "total_samples", "progress", "eta",
+                              "submit_time", "start_time", "end_time")}
+
+
+def register(server: flask.Flask) -> None:
+    bp = flask.Blueprint("api", __name__, url_prefix="/api")
+
+    @bp.post("/token")
+    def token():
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            return _err(400, "send JSON {\"username\": ..., \"password\": ...}")
+        user = context.users.check(str(body.get("username", "")), str(body.get("password", "")))
+        if user is None:
+            return _err(401, "wrong user name or password")
+        return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",
+                        "expires_in": TOKEN_TTL_S, "user": user.name, "role": user.role})
+
+    @bp.get("/health")
+    def health():
+        h = context.harvester
+        snap = h.snapshot
+        ok = snap.status not in ("error",)
+        body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
+                "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.error}
+        return jsonify(body), 200 if ok else 503
+
+    @bp.get("/cluster")
+    def cluster():
+        snap = context.harvester.snapshot
+        body = {"time": snap.time, "status": snap.status, "speed": context.harvester.speed,
+                "kpis": snap.kpis, "config": snap.config}
+        if request.args.get("nodes", "1") != "0":
+            body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t}
+                             for n, s, j, t in zip(snap.nodes, snap.state, snap.job_of,
+                                                   snap.since or [None] * len(snap.nodes))]
+        return jsonify(body)
+
+    @bp.get("/jobs")
+    def jobs():
+        snap = context.harvester.snapshot
+        state, owner = request.args.get("state"), request.args.get("owner")
+        out = [_job_json(j) for j in snap.jobs
+               if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
+        return jsonify({"jobs": out, "count": len(out)})
+
+    @bp.get("/jobs/<job_id>")
+    def job(job_id):
+        h = context.harvester
+        snap = h.snapshot
+        info, job = snap.job(job_id), h.job(job_id)
+        if info is None or job is None:
+            return _err(404, f"no job {job_id}")
+        body = _job_json(info)
+        body["curve"] = job.curve.to_dict()
+        body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
+        body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
+                          snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
+                          snap.config.get("tfwd", 10.0), snap.config.get("policy", ""))
+        return jsonify(body)
+
+    @bp.post("/jobs")
+    def submit():
+        user = context.current_user()
+        if user is None:
+            return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            return _err(400, "send the job as a JSON object")
+        try:
+            spec = JobSpec.model_validate(body)
+        except ValidationError as e:
+            return _err(422, "invalid job", errors=field_errors(e))
+        try:
+            job = context.harvester.submit(spec, user.name)
+        except RuntimeError as e:
+            return _err(503, str(e))
+        info = context.harvester.snapshot.job(job.id)
+        resp = jsonify(_job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner,
+                                                    "state": job.state.value})
+        resp.status_code = 201
+        resp.headers["Location"] = f"/api/jobs/{job.id}"
+        return resp
+
+    @bp.delete("/jobs/<job_id>")
+    def cancel(job_id):
+        user = context.current_user()
+        if user is None:
+            return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+        h = context.harvester
+        job = h.job(job_id)
+        if job is None:
+            return _err(404, f"no job {job_id}")
+        if not user.may_cancel(job.owner):
+            return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may cancel it")
+        try:
+            h.cancel(job_id)
+        except ValueError as e:
+            return _err(409, str(e))
+        except RuntimeError as e:
+            return _err(503, str(e))
+        info = h.snapshot.job(job_id)
+        return jsonify(_job_json(info) if info else {"id": job_id, "state": "cancelled"})
+
+    @bp.post("/replay/<command>")
+    def replay(command):
+        user = context.current_user()
+        if user is None:
+            return _err(401, "log in first")
+        if not user.is_staff:
+            return _err(403, "only staff may control the harvester")
+        h = context.harvester
+        try:
+            if command == "pause":
+                h.pause()
+            elif command == "resume":
+                h.resume()
+            elif command == "speed":
+                body = request.get_json(silent=True) or {}
+                h.set_speed(float(body.get("speed", 0)))
+            else:
+                return _err(404, f"unknown command {command}; use pause, resume or speed")
+        except (ValueError, TypeError) as e:
+            return _err(422, str(e))
+        except RuntimeError as e:
+            return _err(503, str(e))
+        return jsonify({"status": h.snapshot.status, "speed": h.speed})
+
+    server.register_blueprint(bp)

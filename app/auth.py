@@ -1,0 +1,121 @@
+"""Who may do what. Anyone may look; registering and cancelling need a login.
+
+Users come from a JSON file of hashed passwords (`python -m app.users add NAME`), named by
+`--users` or `HARVEST_USERS_FILE`, or from `HARVEST_USERS` holding the same JSON. Roles:
+`staff` may pause the harvester and cancel any job, `user` only their own. The web app keeps
+the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
+(signed with the same secret, valid for `TOKEN_TTL_S`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+from werkzeug.security import check_password_hash, generate_password_hash
+
+ROLES = ("staff", "user")
+TOKEN_TTL_S = 7 * 24 * 3600
+_DUMMY_HASH = generate_password_hash("not a password")
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    role: str
+    password_hash: str
+
+    @property
+    def is_staff(self) -> bool:
+        return self.role == "staff"
+
+    def may_cancel(self, owner: str) -> bool:
+        return self.is_staff or owner == self.name
+
+
+class Users:
+    def __init__(self, users: dict[str, User], source: str) -> None:
+        self.users = users
+        self.source = source
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> "Users":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source}: not JSON ({e.msg}, line {e.lineno})")
+        rows = data.get("users") if isinstance(data, dict) else None
+        if not isinstance(rows, list):
+            raise ValueError(f'{source}: expected {{"users": [...]}}')
+        users: dict[str, User] = {}
+        for k, row in enumerate(rows):
+            try:
+                name, role, ph = row["name"], row.get("role", "user"), row["password_hash"]
+            except (KeyError, TypeError, AttributeError):
+                raise ValueError(f"{source}: user {k + 1} needs name and password_hash")
+            if role not in ROLES:
+                raise ValueError(f"{source}: user {name}: role must be staff or user")
+            if name in users:
+                raise ValueError(f"{source}: user {name} listed twice")
+            users[name] = User(name, role, ph)
+        return cls(users, source)
+
+    @classmethod
+    def load(cls, path: Optional[Path] = None) -> Optional["Users"]:
+        """The configured users, or None when nothing is configured (the demo account case)."""
+        path = path or (Path(os.environ["HARVEST_USERS_FILE"]) if os.environ.get("HARVEST_USERS_FILE") else None)
+        if path is not None:
+            return cls.parse(Path(path).read_text(), str(path))
+        if os.environ.get("HARVEST_USERS"):
+            return cls.parse(os.environ["HARVEST_USERS"], "HARVEST_USERS")
+        return None
+
+    @classmethod
+    def demo(cls) -> tuple["Users", str]:
+        """One staff account with a fresh random password, for `make demo` without a users file."""
+        password = secrets.token_urlsafe(9)
+        return cls({"demo": User("demo", "staff", generate_password_hash(password))}, "demo"), password
+
+    def check(self, name: str, password: str) -> Optional[User]:
+        user = self.users.get(name or "")
+        if user is None:
+            check_password_hash(_DUMMY_HASH, password or "")   # same time whether or not the name exists
+            return None
+        return user if check_password_hash(user.password_hash, password or "") else None
+
+    def get(self, name: Optional[str]) -> Optional[User]:
+        return self.users.get(name) if name else None
+
+
+class Tokens:
+    def __init__(self, secret: str, ttl_s: int = TOKEN_TTL_S) -> None:
+        self._s = URLSafeTimedSerializer(secret, salt="api-token")
+        self.ttl_s = ttl_s
+
+    def issue(self, user: User) -> str:
+        return self._s.dumps({"u": user.name})
+
+    def user_of(self, token: str, users: Users) -> Optional[User]:
+        try:
+            data = self._s.loads(token, max_age=self.ttl_s)
+        except (BadSignature, SignatureExpired):
+            return None
+        return users.get(data.get("u")) if isinstance(data, dict) else None
+
+
+def secret_key(db: Path) -> str:
+    """HARVEST_SECRET_KEY, or a random key kept beside the store (so logins survive a restart)."""
+    if os.environ.get("HARVEST_SECRET_KEY"):
+        return os.environ["HARVEST_SECRET_KEY"]
+    path = Path(str(db) + ".secret")
+    if path.exists():
+        return path.read_text().strip()
+    key = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key

@@ -1,0 +1,256 @@
+"""The node grid: where each node sits on screen, what colour it is, and the smallest update
+that brings a browser from the snapshot it has to the current one.
+
+Summit-style names (`a01n07`: row letter, rack number, node) are laid out as the machine is
+built: one block per rack (3 x 6 cells for 18 nodes), racks side by side by number, a band per
+row letter, which is a wide picture for a wall screen. Any other names fall back to a compact
+grid in the given order.
+"""
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from dash import Patch
+
+from core.snapshot import BUSY, HELD, IDLE, Snapshot
+
+_NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
+
+#: cell codes (z of the heatmap): busy with the main scheduler, idle and unused, rescaling,
+#: then one code per job colour slot.
+C_BUSY, C_IDLE, C_RESCALE, C_JOB0 = 0, 1, 2, 3
+BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4c566a", "#eceff4", "#f5a000"
+JOB_COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#e377c2", "#8c564b",
+               "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#31a354",
+               "#de2d26", "#756bb1", "#08519c", "#006d2c", "#a50f15", "#54278f")
+N_CODES = C_JOB0 + len(JOB_COLOURS)
+#: above this many changed cells a full resend is smaller than per-cell patches
+PATCH_LIMIT = 600
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Cell position of every node, in snapshot order."""
+
+    rows: int
+    cols: int
+    row: np.ndarray          # per node
+    col: np.ndarray          # per node
+    labels: tuple[str, ...]  # rack or band label per grid row (for the y axis), '' for none
+    kind: str                # "racks" or "compact"
+
+
+def make_layout(names: Sequence[str], width: int = 3) -> Layout:
+    parsed = [_NAME.match(n) for n in names]
+    if names and all(parsed):
+        return _rack_layout(names, parsed, width)
+    return _compact_layout(len(names))
+
+
+def _rack_layout(names, parsed, width) -> Layout:
+    per_rack: dict[tuple[str, int], list[int]] = {}
+    for i, m in enumerate(parsed):
+        per_rack.setdefault((m.group(1), int(m.group(2))), []).append(i)
+    bands = sorted({b for b, _ in per_rack})
+    numbers = sorted({r for _, r in per_rack})
+    biggest = max(len(v) for v in per_rack.values())
+    height = math.ceil(biggest / width)
+    col_of_rack = {r: k * (width + 1) for k, r in enumerate(numbers)}
+    row_of_band = {b: k * (height + 1) for k, b in enumerate(bands)}
+    row = np.zeros(len(names), dtype=np.int32)
+    col = np.zeros(len(names), dtype=np.int32)
+    for (band, rack), idx in per_rack.items():
+        idx = sorted(idx, key=lambda i: int(parsed[i].group(3)))
+        for k, i in enumerate(idx):
+            row[i] = row_of_band[band] + k // width
+            col[i] = col_of_rack[rack] + k % width
+    rows = len(bands) * (height + 1) - 1
+    labels = [""] * rows
+    for b, r in row_of_band.items():
+        labels[r + height // 2] = b
+    return Layout(rows, len(numbers) * (width + 1) - 1, row, col, tuple(labels), "racks")
+
+
+def _compact_layout(n: int) -> Layout:
+    cols = max(1, math.ceil(math.sqrt(n * 2.5)))
+    rows = max(1, math.ceil(n / cols))
+    i = np.arange(n)
+    return Layout(rows, cols, (i // cols).astype(np.int32), (i % cols).astype(np.int32),
+                  ("",) * rows, "compact")
+
+
+class ColourBook:
+    """A stable colour slot per job: a job keeps its slot while it runs, and a new job gets a
+    slot no running job has (the least recently freed), so ten jobs never share a colour."""
+
+    def __init__(self, slots: int = len(JOB_COLOURS)) -> None:
+        self._slot: dict[str, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(slots))
+        self._lock = threading.Lock()
+
+    def slot(self, job: str) -> int:
+        with self._lock:
+            s = self._slot.get(job)
+            if s is None:
+                if self._free:
+                    s, _ = self._free.popitem(last=False)
+                else:
+                    s = zlib.crc32(job.encode()) % len(JOB_COLOURS)
+                self._slot[job] = s
+            return s
+
+    def release_except(self, live: set[str]) -> None:
+        with self._lock:
+            for job in [j for j in self._slot if j not in live]:
+                s = self._slot.pop(job)
+                if s not in self._slot.values():
+                    self._free[s] = None
+
+
+@dataclass(frozen=True)
+class Cells:
+    """What the grid shows for one snapshot: a code and a hover line per node."""
+
+    seq: int
+    codes: np.ndarray
+    text: tuple[str, ...]
+
+
+def _when(t: Optional[float]) -> str:
+    return time.strftime("%b %d %H:%M", time.gmtime(t)) if t is not None else "start"
+
+
+def job_label(snap: Snapshot) -> dict[str, str]:
+    return {j["id"]: (f'{j["name"]} ({j["id"]})' if j["name"] else j["id"]) for j in snap.jobs
+            if j["state"] == "running"}
+
+
+def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
+    state = np.asarray(snap.state, dtype=np.int16)
+    codes = np.where(state == BUSY, C_BUSY, C_IDLE).astype(np.int16)
+    text = []
+    names = job_label(snap)
+    live = set(names)
+    book.release_except(live)
+    for i, (st, job) in enumerate(zip(snap.state, snap.job_of)):
+        since = _when(snap.since[i] if snap.since else None)
+        if st == HELD and job is not None:
+            if job in snap.rescaling:
+                codes[i] = C_RESCALE
+                text.append(f"rescaling {names.get(job, job)} since {since}")
+            else:
+                codes[i] = C_JOB0 + book.slot(job)
+                text.append(f"{names.get(job, job)} since {since}")
+        elif st == IDLE:
+            text.append(f"idle, unused since {since}")
+        else:
+            text.append(f"busy (main scheduler) since {since}")
+    return Cells(snap.seq, codes, tuple(text))
+
+
+def z_matrix(layout: Layout, codes: np.ndarray) -> list[list[Optional[int]]]:
+    z = np.full((layout.rows, layout.cols), -1, dtype=np.int16)
+    z[layout.row, layout.col] = codes
+    return [[None if v < 0 else int(v) for v in r] for r in z]
+
+
+def text_matrix(layout: Layout, text: Sequence[str]) -> list[list[str]]:
+    t = [[""] * layout.cols for _ in range(layout.rows)]
+    for r, c, s in zip(layout.row.tolist(), layout.col.tolist(), text):
+        t[r][c] = s
+    return t
+
+
+def names_matrix(layout: Layout, names: Sequence[str]) -> list[list[str]]:
+    return text_matrix(layout, names)
+
+
+def colourscale() -> list[list]:
+    colours = [BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR, *JOB_COLOURS]
+    n = len(colours)
+    scale = []
+    for k, c in enumerate(colours):
+        scale.append([k / n, c])
+        scale.append([(k + 1) / n, c])
+    return scale
+
+
+def grid_figure(layout: Layout, names: Sequence[str], cells: Cells) -> dict:
+    """The whole figure, sent once per page load; later updates are patches of z and text."""
+    return {
+        "data": [{
+            "type": "heatmap", "z": z_matrix(layout, cells.codes), "text": text_matrix(layout, cells.text),
+            "customdata": names_matrix(layout, names), "zmin": -0.5, "zmax": N_CODES - 0.5,
+            "colorscale": colourscale(), "showscale": False, "xgap": 1, "ygap": 1,
+            "hoverongaps": False,
+            "hovertemplate": "<b>%{customdata}</b><br>%{text}<extra></extra>",
+        }],
+        "layout": {
+            "margin": {"l": 28, "r": 4, "t": 4, "b": 4}, "height": max(260, 9 * layout.rows + 8),
+            "xaxis": {"visible": False, "fixedrange": True},
+            "yaxis": {"autorange": "reversed", "fixedrange": True, "tickmode": "array",
+                      "tickvals": [i for i, s in enumerate(layout.labels) if s],
+                      "ticktext": [s for s in layout.labels if s], "showgrid": False, "zeroline": False},
+            "plot_bgcolor": "#ffffff", "paper_bgcolor": "#ffffff", "uirevision": "grid",
+        },
+    }
+
+
+def grid_patch(layout: Layout, old: Optional[Cells], new: Cells) -> Patch:
+    """The smallest update from `old` (what the browser has) to `new`: per-cell assignments when
+    few cells changed, whole z and text otherwise (or when the browser's snapshot is unknown)."""
+    patch = Patch()
+    if old is None or len(old.codes) != len(new.codes):
+        changed = None
+    else:
+        changed = np.flatnonzero((old.codes != new.codes)
+                                 | np.fromiter((a is not b and a != b for a, b in zip(old.text, new.text)),
+                                               dtype=bool, count=len(new.text)))
+    if changed is None or len(changed) > PATCH_LIMIT:
+        patch["data"][0]["z"] = z_matrix(layout, new.codes)
+        patch["data"][0]["text"] = text_matrix(layout, new.text)
+        return patch
+    for i in changed.tolist():
+        r, c = int(layout.row[i]), int(layout.col[i])
+        patch["data"][0]["z"][r][c] = int(new.codes[i])
+        patch["data"][0]["text"][r][c] = new.text[i]
+    return patch
+
+
+class CellCache:
+    """Cells of the last few snapshots, shared by every browser: one build per snapshot, and a
+    browser that reports the seq it has gets a diff against exactly that."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self.book = ColourBook()
+        self._cells: OrderedDict[int, Cells] = OrderedDict()
+        self._lock = threading.Lock()
+        self._layouts: dict[tuple[str, ...], Layout] = {}
+
+    def layout(self, names: tuple[str, ...]) -> Layout:
+        lay = self._layouts.get(names)
+        if lay is None:
+            lay = self._layouts[names] = make_layout(names)
+        return lay
+
+    def get(self, seq: int) -> Optional[Cells]:
+        with self._lock:
+            return self._cells.get(seq)
+
+    def cells(self, snap: Snapshot) -> Cells:
+        with self._lock:
+            c = self._cells.get(snap.seq)
+            if c is None:
+                c = self._cells[snap.seq] = cells_of(snap, self.book)
+                while len(self._cells) > self.keep:
+                    self._cells.popitem(last=False)
+            return c

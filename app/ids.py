@@ -1,0 +1,58 @@
+"""Every component id of the dashboard, in one place, so pages and callbacks never disagree."""
+
+# shell
+URL = "url"
+NAV_USER = "nav-user"
+TICK = "tick"                 # dcc.Interval driving live updates (in the shell, shared by pages)
+STATUS_BAR = "status-bar"
+
+# cluster page
+GRID = "grid"
+GRID_KEY = "grid-key"         # what the browser's grid shows: {boot, seq, nodes}
+KPI = "kpi"                   # container of KPI cards
+KPI_IDLE, KPI_HARVESTED, KPI_HARVEST_PCT = "kpi-idle", "kpi-harvested", "kpi-harvest-pct"
+KPI_RATE, KPI_JOBS = "kpi-rate", "kpi-jobs"
+LEGEND = "legend"
+TL_NODES, TL_RATE, TL_KEY = "timeline-nodes", "timeline-rate", "timeline-key"
+
+# jobs page
+JOBS_TABLE = "jobs-table"
+JOBS_STATE = "jobs-filter-state"
+JOBS_SEARCH = "jobs-filter-search"
+JOBS_COUNT = "jobs-count"
+FORM = "job-form"
+FORM_SUBMIT = "job-form-submit"
+FORM_RESULT = "job-form-result"
+FORM_FIELDS = ("name", "min_nodes", "max_nodes", "total_samples", "curve",
+               "scale_up_seconds", "scale_down_seconds", "priority")
+
+
+def field_input(name: str) -> str:
+    return f"job-form-{name}"
+
+
+def field_error(name: str) -> str:
+    return f"job-form-{name}-error"
+
+
+# job page
+JOB_ID = "job-id"
+JOB_HEAD, JOB_WHY, JOB_CURVE, JOB_NODES, JOB_PROGRESS = (
+    "job-head", "job-why", "job-curve", "job-nodes", "job-progress")
+JOB_EVENTS = "job-events"
+JOB_CANCEL, JOB_CANCEL_RESULT = "job-cancel", "job-cancel-result"
+
+# allocator page
+SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"
+
+# replay page
+RP_START, RP_HOURS, RP_NODES, RP_RACKS, RP_JOBSET = (
+    "rp-start", "rp-hours", "rp-nodes", "rp-racks", "rp-jobset")
+RP_SPEED, RP_POLICY, RP_TFWD = "rp-speed", "rp-policy", "rp-tfwd"
+RP_NEW, RP_PAUSE, RP_RESUME, RP_RESTART, RP_APPLY_SPEED = (
+    "rp-new", "rp-pause", "rp-resume", "rp-restart", "rp-apply-speed")
+RP_RESULT, RP_STATE = "rp-result", "rp-state"
+
+# login page
+LOGIN_USER, LOGIN_PASSWORD, LOGIN_SUBMIT, LOGIN_RESULT, LOGOUT = (
+    "login-user", "login-password", "login-submit", "login-result", "logout")

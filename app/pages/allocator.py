@@ -1,0 +1,75 @@
+"""Allocator: solver runs, the solve-time histogram, the last decision as a diff, the event log."""
+from __future__ import annotations
+
+import json
+
+import dash
+from dash import Input, Output, dash_table, dcc, html, no_update
+
+from app import context, ids
+from app.format import sim_time
+
+dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
+
+EVENTS_PAGE = 25
+_CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
+
+
+def layout(**_):
+    return html.Div([
+        html.H2("Allocator"),
+        html.Div([
+            html.Div([html.H3("Last decision"),
+                      dash_table.DataTable(id=ids.DECISIONS, columns=[
+                          {"id": c, "name": n} for c, n in (("job", "job"), ("change", "from → to"),
+                                                            ("reason", "why"), ("nodes", "nodes added / removed"))],
+                          data=[], style_cell=_CELL, style_cell_conditional=[
+                              {"if": {"column_id": "nodes"}, "maxWidth": 380, "overflow": "hidden",
+                               "textOverflow": "ellipsis"}])], className="half"),
+            html.Div([dcc.Graph(id=ids.SOLVE_HIST, config={"displayModeBar": False})], className="half"),
+        ], className="row"),
+        html.H3("Solver runs"),
+        dash_table.DataTable(id=ids.SOLVER_RUNS, columns=[{"id": c, "name": n} for c, n in (
+            ("time", "time (sim)"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
+            ("objective", "objective"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
+            data=[], style_cell=_CELL),
+        html.H3("Event log"),
+        dash_table.DataTable(id=ids.EVENT_LOG, columns=[{"id": c, "name": c} for c in
+                                                        ("id", "time", "kind", "node", "job", "detail")],
+                             data=[], page_current=0, page_size=EVENTS_PAGE, page_action="custom",
+                             style_cell=_CELL),
+    ])
+
+
+@dash.callback(Output(ids.DECISIONS, "data"), Output(ids.SOLVER_RUNS, "data"), Output(ids.SOLVE_HIST, "figure"),
+               Input(ids.TICK, "n_intervals"))
+def update(n):
+    if n and n % 2:
+        return no_update, no_update, no_update
+    hist = context.history
+    decisions = []
+    for d in hist.last_decisions():
+        added, removed = json.loads(d["added"] or "[]"), json.loads(d["removed"] or "[]")
+        parts = ([f"+{len(added)}: " + " ".join(added[:6]) + (" …" if len(added) > 6 else "")] if added else []) + \
+                ([f"−{len(removed)}: " + " ".join(removed[:6]) + (" …" if len(removed) > 6 else "")] if removed else [])
+        decisions.append({"job": d["job"], "change": f'{d["from_nodes"]} → {d["to_nodes"]}',
+                          "reason": d["reason"], "nodes": "; ".join(parts)})
+    runs = [{"time": sim_time(r["time"]), "policy": r["policy"], "solver": r["solver"], "status": r["status"],
+             "objective": f'{r["objective"]:,.0f}' if r["objective"] is not None else "–",
+             "size": f'{r["jobs"]} × {r["nodes"]}', "solve_ms": round(r["solve_ms"], 2)}
+            for r in hist.solver_runs(20)]
+    times = hist.solve_times()
+    fig = {"data": [{"type": "histogram", "x": times, "nbinsx": 40, "marker": {"color": "#5e81ac"}}],
+           "layout": {"title": {"text": f"Solve time, last {len(times):,} runs (ms)", "font": {"size": 13}},
+                      "height": 260, "margin": {"l": 45, "r": 10, "t": 30, "b": 35},
+                      "yaxis": {"type": "log", "title": {"text": "runs"}}}}
+    return decisions, runs, fig
+
+
+@dash.callback(Output(ids.EVENT_LOG, "data"), Output(ids.EVENT_LOG, "page_count"),
+               Input(ids.TICK, "n_intervals"), Input(ids.EVENT_LOG, "page_current"))
+def events(n, page):
+    rows, total = context.history.events_page(page or 0, EVENTS_PAGE)
+    for r in rows:
+        r["time"] = sim_time(r["time"])
+    return rows, max(1, -(-total // EVENTS_PAGE))

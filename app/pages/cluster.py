@@ -1,0 +1,150 @@
+"""Cluster: the node grid as the machine is built, KPI cards, and the timelines."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, Patch, State, dcc, html, no_update
+
+from app import context, ids
+from app.format import si
+from app.grid import BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, RESCALE_COLOUR, grid_figure, grid_patch
+
+dash.register_page(__name__, path="/", name="Cluster", title="Cluster · harvester")
+
+TIMELINE_POINTS = 20000
+
+
+def _kpi(id_: str, label: str) -> html.Div:
+    return html.Div([html.Div("–", id=id_, className="kpi-value"), html.Div(label, className="kpi-label")],
+                    className="kpi")
+
+
+def layout(**_):
+    snap = context.harvester.snapshot
+    cache = context.cells
+    key = None
+    figure = {"data": [], "layout": {"height": 300}}
+    if snap.nodes:
+        lay = cache.layout(snap.nodes)
+        figure = grid_figure(lay, snap.nodes, cache.cells(snap))
+        key = {"boot": context.BOOT, "seq": snap.seq, "n": len(snap.nodes), "h": hash(snap.nodes)}
+    return html.Div([
+        html.Div([
+            _kpi(ids.KPI_IDLE, "idle nodes now"),
+            _kpi(ids.KPI_HARVESTED, "harvested now"),
+            _kpi(ids.KPI_HARVEST_PCT, "of idle node-hours used"),
+            _kpi(ids.KPI_RATE, "samples/s"),
+            _kpi(ids.KPI_JOBS, "jobs running / queued"),
+        ], id=ids.KPI, className="kpis"),
+        dcc.Graph(id=ids.GRID, figure=figure, config={"displayModeBar": False},
+                  className="grid-graph"),
+        dcc.Store(id=ids.GRID_KEY, data=key),
+        html.Div(id=ids.LEGEND, className="legend"),
+        html.Div([
+            dcc.Graph(id=ids.TL_NODES, figure=_timeline_fig("nodes"), config={"displayModeBar": False},
+                      className="timeline"),
+            dcc.Graph(id=ids.TL_RATE, figure=_timeline_fig("rate"), config={"displayModeBar": False},
+                      className="timeline"),
+        ], className="timelines"),
+        dcc.Store(id=ids.TL_KEY, data=None),
+    ])
+
+
+def _timeline_fig(which: str) -> dict:
+    if which == "nodes":
+        traces = [{"type": "scatter", "mode": "lines", "name": "nodes used by jobs", "x": [], "y": [],
+                   "line": {"color": "#2ca02c", "shape": "hv", "width": 1}, "fill": "tozeroy"},
+                  {"type": "scatter", "mode": "lines", "name": "idle nodes offered", "x": [], "y": [],
+                   "line": {"color": "#3b5b92", "shape": "hv", "width": 1.5}}]
+        title = "Idle nodes offered vs used"
+    else:
+        traces = [{"type": "scatter", "mode": "lines", "name": "samples/s", "x": [], "y": [],
+                   "line": {"color": "#d62728", "shape": "hv"}}]
+        title = "Aggregate training throughput (samples/s)"
+    return {"data": traces, "layout": {
+        "title": {"text": title, "font": {"size": 13}}, "height": 230,
+        "margin": {"l": 50, "r": 10, "t": 30, "b": 30}, "legend": {"orientation": "h", "y": -0.25},
+        "xaxis": {"type": "date"}, "uirevision": "timeline"}}
+
+
+@dash.callback(Output(ids.GRID, "figure"), Output(ids.GRID_KEY, "data"),
+               Input(ids.TICK, "n_intervals"), State(ids.GRID_KEY, "data"))
+def update_grid(_n, key):
+    """Only what changed since the snapshot this browser shows (a full figure if it is unknown)."""
+    return grid_update(key)
+
+
+def grid_update(key):
+    snap = context.harvester.snapshot
+    if not snap.nodes:
+        return no_update, no_update
+    if key and key.get("boot") == context.BOOT and key.get("seq") == snap.seq:
+        return no_update, no_update
+    cache = context.cells
+    lay = cache.layout(snap.nodes)
+    new = cache.cells(snap)
+    new_key = {"boot": context.BOOT, "seq": snap.seq, "n": len(snap.nodes), "h": hash(snap.nodes)}
+    same_machine = key and key.get("boot") == context.BOOT and key.get("h") == new_key["h"]
+    if not same_machine:
+        return grid_figure(lay, snap.nodes, new), new_key
+    return grid_patch(lay, cache.get(key["seq"]), new), new_key
+
+
+@dash.callback(Output(ids.KPI_IDLE, "children"), Output(ids.KPI_HARVESTED, "children"),
+               Output(ids.KPI_HARVEST_PCT, "children"), Output(ids.KPI_RATE, "children"),
+               Output(ids.KPI_JOBS, "children"), Output(ids.LEGEND, "children"),
+               Input(ids.TICK, "n_intervals"))
+def update_kpis(_n):
+    snap = context.harvester.snapshot
+    k = snap.kpis
+    if not k:
+        return ("–",) * 5 + ("",)
+    legend = [_swatch(BUSY_COLOUR, "busy (main scheduler)"), _swatch(IDLE_COLOUR, "idle, unused"),
+              _swatch(RESCALE_COLOUR, "rescaling")]
+    context.cells.cells(snap)       # assigns colour slots in the same order as the grid
+    book = context.cells.book
+    for j in sorted((j for j in snap.jobs if j["state"] == "running" and j["nodes"] > 0),
+                    key=lambda j: -j["nodes"]):
+        colour = JOB_COLOURS[book.slot(j["id"])]
+        legend.append(html.A(_swatch(colour, f'{j["name"] or j["id"]}: {j["nodes"]}'),
+                             href=f'/jobs/{j["id"]}', className="legend-link"))
+    return (f'{k["idle"]:,}', f'{k["harvested"]:,}', f'{k["harvest_pct"]:.1f} %',
+            si(k["samples_per_second"]), f'{k["running"]} / {k["queued"]}', legend)
+
+
+def _swatch(colour: str, label: str) -> html.Span:
+    return html.Span([html.Span(className="swatch", style={"background": colour}), label],
+                     className="legend-item")
+
+
+@dash.callback(Output(ids.TL_NODES, "figure"), Output(ids.TL_RATE, "figure"), Output(ids.TL_KEY, "data"),
+               Input(ids.TICK, "n_intervals"), State(ids.TL_KEY, "data"))
+def update_timelines(_n, key):
+    """Append the timeline points the browser does not have yet (all of them on first load)."""
+    hist = context.history
+    t0 = hist.first_time()
+    fresh = not key or key.get("boot") != context.BOOT or key.get("t0") != t0
+    rows = hist.timeline(None if fresh else key.get("t"), TIMELINE_POINTS)
+    if not rows and not fresh:
+        return no_update, no_update, no_update
+    xs = [_ms(r["time"]) for r in rows]
+    nodes, rate = Patch(), Patch()
+    if fresh:
+        nodes["data"][0]["x"] = xs
+        nodes["data"][0]["y"] = [r["used"] for r in rows]
+        nodes["data"][1]["x"] = xs
+        nodes["data"][1]["y"] = [r["idle"] for r in rows]
+        rate["data"][0]["x"] = xs
+        rate["data"][0]["y"] = [r["samples_per_second"] for r in rows]
+    else:
+        nodes["data"][0]["x"].extend(xs)
+        nodes["data"][0]["y"].extend([r["used"] for r in rows])
+        nodes["data"][1]["x"].extend(xs)
+        nodes["data"][1]["y"].extend([r["idle"] for r in rows])
+        rate["data"][0]["x"].extend(xs)
+        rate["data"][0]["y"].extend([r["samples_per_second"] for r in rows])
+    t_last = rows[-1]["time"] if rows else (None if fresh else key.get("t"))
+    return nodes, rate, {"boot": context.BOOT, "t": t_last, "t0": t0}
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)

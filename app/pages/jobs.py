@@ -1,0 +1,144 @@
+"""Jobs: a sortable, filterable table of every job, and the registration form."""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, State, dash_table, dcc, html, no_update
+from pydantic import ValidationError
+
+from core.schemas import JobSpec, field_errors
+
+from app import context, ids
+from app.format import short_time, si
+
+dash.register_page(__name__, path="/jobs", name="Jobs", title="Jobs · harvester")
+
+PAGE_SIZE = 20
+STATES = ("queued", "running", "done", "failed", "cancelled")
+COLUMNS = [
+    {"id": "link", "name": "job", "presentation": "markdown"},
+    {"id": "name", "name": "name"}, {"id": "owner", "name": "owner"}, {"id": "state", "name": "state"},
+    {"id": "nodes", "name": "nodes now", "type": "numeric"},
+    {"id": "rate", "name": "samples/s", "type": "numeric"},
+    {"id": "progress", "name": "progress %", "type": "numeric"},
+    {"id": "eta", "name": "ETA (sim)"}, {"id": "submitted", "name": "submitted (sim)"},
+]
+SORT_KEYS = {"link": "id", "name": "name", "owner": "owner", "state": "state", "nodes": "nodes",
+             "rate": "samples_per_second", "progress": "progress", "eta": "eta",
+             "submitted": "submit_time"}
+FIELDS = {  # field: (label, placeholder/default, hint)
+    "name": ("Name", "", "what the job trains, e.g. resnet50-imagenet"),
+    "min_nodes": ("Min nodes", "1", "smallest size it can run at"),
+    "max_nodes": ("Max nodes", "64", "largest size worth giving it"),
+    "total_samples": ("Total samples", "1.28e8", "samples to process before it is done"),
+    "curve": ("Throughput curve", "1:1200, 8:9000, 32:30000", "nodes:samples/s pairs"),
+    "scale_up_seconds": ("Grow pause (s)", "18", "seconds of progress a grow costs"),
+    "scale_down_seconds": ("Shrink pause (s)", "12", "seconds of progress a shrink costs"),
+    "priority": ("Priority", "1", "weight under the priority objective"),
+}
+DEFAULTS = {"min_nodes": "1", "max_nodes": "64", "scale_up_seconds": "18", "scale_down_seconds": "12",
+            "priority": "1"}
+
+
+def layout(**_):
+    user = context.current_user()
+    return html.Div([
+        html.H2("Jobs"),
+        html.Div([
+            dcc.Dropdown(id=ids.JOBS_STATE, options=[{"label": s, "value": s} for s in STATES],
+                         multi=True, placeholder="any state", className="filter-state"),
+            dcc.Input(id=ids.JOBS_SEARCH, type="text", placeholder="search id, name or owner",
+                      debounce=True, className="filter-search"),
+            html.Span(id=ids.JOBS_COUNT, className="muted"),
+        ], className="filters"),
+        dash_table.DataTable(
+            id=ids.JOBS_TABLE, columns=COLUMNS, data=[], page_current=0, page_size=PAGE_SIZE,
+            page_action="custom", sort_action="custom", sort_mode="single",
+            sort_by=[{"column_id": "submitted", "direction": "desc"}],
+            markdown_options={"link_target": "_self"},
+            style_cell={"fontFamily": "inherit", "fontSize": 13, "padding": "4px 8px"},
+            style_header={"fontWeight": "600"}, style_table={"overflowX": "auto"}),
+        html.H3("Register a job"),
+        _form(user),
+    ])
+
+
+def _form(user) -> html.Div:
+    if user is None:
+        return html.Div([dcc.Link("Log in", href="/login"), " to register a job."], className="muted")
+    rows = []
+    for f, (label, placeholder, hint) in FIELDS.items():
+        rows.append(html.Div([
+            html.Label(label, htmlFor=ids.field_input(f)),
+            dcc.Input(id=ids.field_input(f), type="text", value=DEFAULTS.get(f, ""),
+                      placeholder=placeholder, className="form-input"),
+            html.Span(hint, className="hint"),
+            html.Div(id=ids.field_error(f), className="field-error"),
+        ], className="form-row"))
+    return html.Div([*rows, html.Button("Register", id=ids.FORM_SUBMIT, n_clicks=0, className="button"),
+                     html.Div(id=ids.FORM_RESULT, className="form-result")], id=ids.FORM, className="form")
+
+
+def _matches(job: dict, states, text: str) -> bool:
+    if states and job["state"] not in states:
+        return False
+    if text:
+        t = text.lower()
+        return t in job["id"].lower() or t in (job["name"] or "").lower() or t in (job["owner"] or "").lower()
+    return True
+
+
+def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE):
+    sel = [j for j in jobs if _matches(j, states, (text or "").strip())]
+    if sort_by:
+        key = SORT_KEYS.get(sort_by[0]["column_id"], "submit_time")
+        rev = sort_by[0]["direction"] == "desc"
+        present = [j for j in sel if j.get(key) is not None]
+        absent = [j for j in sel if j.get(key) is None]
+        sel = sorted(present, key=lambda j: j[key], reverse=rev) + absent
+    total = len(sel)
+    page_rows = sel[page * size:(page + 1) * size]
+    out = [{"link": f'[{j["id"]}](/jobs/{j["id"]})', "name": j["name"], "owner": j["owner"] or "job set",
+            "state": j["state"], "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
+            "progress": round(100 * j["progress"], 1), "eta": short_time(j["eta"]),
+            "submitted": short_time(j["submit_time"])} for j in page_rows]
+    return out, total
+
+
+@dash.callback(Output(ids.JOBS_TABLE, "data"), Output(ids.JOBS_TABLE, "page_count"),
+               Output(ids.JOBS_COUNT, "children"),
+               Input(ids.TICK, "n_intervals"), Input(ids.JOBS_STATE, "value"),
+               Input(ids.JOBS_SEARCH, "value"), Input(ids.JOBS_TABLE, "sort_by"),
+               Input(ids.JOBS_TABLE, "page_current"))
+def update_table(_n, states, text, sort_by, page):
+    snap = context.harvester.snapshot
+    rows, total = table_rows(snap.jobs, states, text, sort_by, page or 0)
+    pages = max(1, -(-total // PAGE_SIZE))
+    return rows, pages, f"{total:,} job{'s' if total != 1 else ''}"
+
+
+@dash.callback([Output(ids.field_error(f), "children") for f in FIELDS] + [Output(ids.FORM_RESULT, "children")],
+               Input(ids.FORM_SUBMIT, "n_clicks"),
+               [State(ids.field_input(f), "value") for f in FIELDS], prevent_initial_call=True)
+def register(n_clicks, *values):
+    """Validate with the API's own rules; store nothing unless every field is right."""
+    blank = [""] * len(FIELDS)
+    if not n_clicks:
+        return [no_update] * (len(FIELDS) + 1)
+    user = context.current_user()
+    if user is None:
+        return blank + [html.Span("Log in to register a job.", className="error")]
+    raw = {f: v for f, v in zip(FIELDS, values) if v not in (None, "")}
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as e:
+        errs = field_errors(e)
+        missing = {f: "required" for f in FIELDS if f not in raw and f in errs}
+        errs.update(missing)
+        return [errs.get(f, "") for f in FIELDS] + [html.Span("Nothing was registered: fix the marked fields.",
+                                                              className="error")]
+    try:
+        job = context.harvester.submit(spec, user.name)
+    except RuntimeError as e:
+        return blank + [html.Span(str(e), className="error")]
+    return blank + [html.Span(["Registered ", dcc.Link(job.id, href=f"/jobs/{job.id}"), f" ({job.name})."],
+                              className="ok")]

@@ -1,0 +1,85 @@
+"""History for the pages, read from the SQLite store through a read-only connection per thread
+(WAL lets these read while the scheduler thread writes; nothing here can change the store)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Optional
+
+
+class History:
+    def __init__(self, db: Path) -> None:
+        self.db = Path(db)
+        self._local = threading.local()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(f"file:{self.db.resolve()}?mode=ro", uri=True, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    def rows(self, sql: str, args: tuple = ()) -> list[dict]:
+        try:
+            return [dict(r) for r in self._conn().execute(sql, args)]
+        except sqlite3.OperationalError:
+            return []     # the store is being created or reset: nothing to show yet
+
+    def timeline(self, after: Optional[float] = None, limit: int = 20000) -> list[dict]:
+        if after is None:
+            return self.rows("select * from (select * from timeline order by time desc limit ?) "
+                             "order by time", (limit,))
+        return self.rows("select * from timeline where time > ? order by time limit ?", (after, limit))
+
+    def first_time(self) -> Optional[float]:
+        rows = self.rows("select min(time) as t from timeline")
+        return rows[0]["t"] if rows else None
+
+    def job_curve_points(self, job: str) -> list[dict]:
+        """Measured (simulated: reported) throughput per size, the mean over reports."""
+        return self.rows("select nodes, avg(samples_per_second) as samples_per_second, count(*) as n "
+                         "from throughput where job = ? and nodes > 0 group by nodes order by nodes",
+                         (job,))
+
+    def job_throughput(self, job: str) -> list[dict]:
+        return self.rows("select time, nodes, samples_per_second, samples_done from throughput "
+                         "where job = ? order by id", (job,))
+
+    def job_allocations(self, job: str) -> list[dict]:
+        return self.rows("select time, from_nodes, to_nodes, reason from allocations where job = ? "
+                         "order by id", (job,))
+
+    def job_events(self, job: str, limit: int = 200) -> list[dict]:
+        return self.rows("select time, kind, node, detail from events where job = ? order by id desc "
+                         "limit ?", (job, limit))
+
+    def job_row(self, job: str) -> Optional[dict]:
+        rows = self.rows("select * from jobs where id = ?", (job,))
+        return rows[0] if rows else None
+
+    def solver_runs(self, limit: int = 25) -> list[dict]:
+        return self.rows("select * from solver_runs order by id desc limit ?", (limit,))
+
+    def solve_times(self, limit: int = 20000) -> list[float]:
+        return [r["solve_ms"] for r in
+                self.rows("select solve_ms from solver_runs order by id desc limit ?", (limit,))]
+
+    def last_decisions(self) -> list[dict]:
+        """Allocation changes of the most recent decision time."""
+        return self.rows("select time, job, from_nodes, to_nodes, reason, added, removed from allocations "
+                         "where time = (select max(time) from allocations) order by id")
+
+    def events_page(self, page: int, size: int, kind: Optional[str] = None) -> tuple[list[dict], int]:
+        where, args = ("where kind = ?", (kind,)) if kind else ("", ())
+        total = self.rows(f"select count(*) as n from events {where}", args)
+        n = total[0]["n"] if total else 0
+        rows = self.rows(f"select id, time, kind, node, job, detail from events {where} "
+                         f"order by id desc limit ? offset ?", (*args, size, page * size))
+        return rows, n
+
+    def meta(self, key: str):
+        rows = self.rows("select value from meta where key = ?", (key,))
+        return json.loads(rows[0]["value"]) if rows else None

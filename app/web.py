@@ -1,0 +1,71 @@
+"""The Dash app: a shell (navigation, login state, the one live-update Interval) around one
+page per file in app/pages, plus the JSON API and /metrics on the same Flask server."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dash
+from dash import Input, Output, dcc, html
+
+from core.service import Harvester
+
+from . import context, ids
+from .auth import Tokens, Users, secret_key
+from .queries import History
+
+HERE = Path(__file__).resolve().parent
+UPDATE_MS = 1000
+
+
+def create_app(harvester: Harvester, users: Users) -> dash.Dash:
+    context.harvester = harvester
+    context.users = users
+    key = secret_key(harvester.db)
+    context.tokens = Tokens(key)
+    context.history = History(harvester.db)
+    app = dash.Dash(__name__, use_pages=True, pages_folder=str(HERE / "pages"),
+                    assets_folder=str(HERE.parent / "assets"), title="Idle-node harvester",
+                    suppress_callback_exceptions=True, update_title=None)
+    server = app.server
+    server.secret_key = key
+    server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+                         MAX_CONTENT_LENGTH=1 << 20)
+    app.layout = shell
+    from . import api, metrics
+    api.register(server)
+    metrics.register(server)
+    return app
+
+
+def shell() -> html.Div:
+    links = [("Cluster", "/"), ("Jobs", "/jobs"), ("Allocator", "/allocator"), ("Replay", "/replay")]
+    return html.Div([
+        dcc.Location(id=ids.URL),
+        dcc.Interval(id=ids.TICK, interval=UPDATE_MS),
+        html.Header([
+            html.Span("Idle-node harvester", className="brand"),
+            html.Nav([dcc.Link(name, href=href, className="nav-link") for name, href in links]),
+            html.Span(id=ids.STATUS_BAR, className="status-bar"),
+            html.Span(id=ids.NAV_USER, className="nav-user"),
+        ], className="topbar"),
+        html.Main(dash.page_container, className="page"),
+    ])
+
+
+@dash.callback(Output(ids.NAV_USER, "children"), Input(ids.URL, "pathname"))
+def nav_user(_path):
+    user = context.current_user()
+    if user is None:
+        return dcc.Link("Log in", href="/login", className="nav-link")
+    return [html.Span(f"{user.name} ({user.role})"), " ",
+            dcc.Link("Log out", href="/login?logout=1", className="nav-link")]
+
+
+@dash.callback(Output(ids.STATUS_BAR, "children"), Input(ids.TICK, "n_intervals"))
+def status_bar(_n):
+    from .format import sim_time
+    h = context.harvester
+    snap = h.snapshot
+    if snap.status in ("loading", "error"):
+        return f"replay {snap.status}" + (f": {h.error}" if h.error else "")
+    return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"

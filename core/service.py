@@ -1,0 +1,192 @@
+"""The one object a running process is organised around: it owns the store, the replay and
+the runner that ticks it. The web app (and any other front end) only calls its commands and
+reads the snapshots it publishes; nothing here knows about HTTP."""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from pathlib import Path
+from typing import Optional
+
+from .model import Job, JobState
+from .replay import Replay, ReplaySettings
+from .runner import ReplayRunner
+from .schemas import JobSpec
+from .snapshot import Snapshot, empty_snapshot
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+SPEED_MIN, SPEED_MAX = 1.0, 3600.0
+
+
+class Harvester:
+    """Replay mode: the Summit trace (or any trace) drives the controller at `speed` x wall time.
+
+    On start, a store that already holds a replay is resumed with the settings it was made with
+    (so a process killed mid-demo continues where it was); `fresh` starts over instead.
+    """
+
+    def __init__(self, db: Path, settings: ReplaySettings, speed: float = 60.0,
+                 tick_s: float = 0.5, fresh: bool = False) -> None:
+        self.db = Path(db)
+        self.settings = settings
+        self.speed = check_speed(speed)
+        self.tick_s = tick_s
+        self.fresh = fresh
+        self.runner: Optional[ReplayRunner] = None
+        self.error: Optional[str] = None
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._loading: Optional[threading.Thread] = None
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def open(self) -> None:
+        """Load (or resume) the replay and start ticking; raises on bad settings."""
+        with self._lock:
+            self._open(self.settings, self.fresh)
+
+    def _open(self, settings: ReplaySettings, fresh: bool) -> None:
+        store = Store(self.db)
+        try:
+            saved = store.meta("replay")
+            resumable = saved is not None and store.meta("replay_cursor") is not None
+            if fresh or (not resumable and not store.is_empty()):
+                store.reset()
+            elif resumable:
+                settings = ReplaySettings.from_key(saved)
+                self.speed = check_speed(store.meta("speed", self.speed))
+        finally:
+            store.close()
+        replay = Replay(settings, self.db, resume=resumable and not fresh)
+        replay.checkpoint()
+        replay.controller.flush({"speed": self.speed})
+        self.settings = settings
+        self.runner = ReplayRunner(replay, self.speed, self.tick_s, first_seq=self._seq + 1)
+        self.runner.start()
+        self.error = None
+
+    def restart(self, settings: Optional[ReplaySettings] = None, speed: Optional[float] = None,
+                wait: bool = False) -> None:
+        """Start a new run (new settings or the same ones) in the background; the old run's
+        history is dropped. Readers see a `loading` snapshot meanwhile."""
+        if speed is not None:
+            check_speed(speed)
+        with self._lock:
+            if self._loading is not None and self._loading.is_alive():
+                raise RuntimeError("a replay is already loading")
+            self._close_runner()
+            if speed is not None:
+                self.speed = float(speed)
+            target = settings or self.settings
+
+            def load() -> None:
+                with self._lock:
+                    try:
+                        self._open(target, fresh=True)
+                    except Exception as e:  # shown on the replay page, the old run is gone
+                        log.exception("replay failed to start")
+                        self.error = str(e)
+            self._loading = threading.Thread(target=load, name="replay-load", daemon=True)
+            self._loading.start()
+        if wait:
+            self._loading.join()
+
+    def _close_runner(self) -> None:
+        if self.runner is not None:
+            self._seq = self.runner.snapshot.seq
+            self.runner.stop()
+            store = self.runner.replay.store
+            if store is not None:
+                store.close()
+            self.runner = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_runner()
+
+    # ---- reading --------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot:
+        runner = self.runner
+        if runner is None:
+            return empty_snapshot("error" if self.error else "loading", self._seq)
+        return runner.snapshot
+
+    @property
+    def replay(self) -> Optional[Replay]:
+        return self.runner.replay if self.runner else None
+
+    def job(self, job_id: str) -> Optional[Job]:
+        replay = self.replay
+        return replay.controller.job(job_id) if replay else None
+
+    # ---- commands -------------------------------------------------------------------------
+    def _live(self) -> ReplayRunner:
+        runner = self.runner
+        if runner is None:
+            raise RuntimeError("the replay is still loading")
+        return runner
+
+    def submit(self, spec: JobSpec, owner: str) -> Job:
+        """Register a job a person asked for; it is in the store when this returns."""
+        runner = self._live()
+        ctl = runner.replay.controller
+        curve = spec.curve.to_curve()
+        with ctl.lock:
+            job_id = new_job_id(ctl)
+            job = Job(id=job_id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                      total_samples=spec.total_samples, curve=curve,
+                      scale_up_seconds=spec.scale_up_seconds,
+                      scale_down_seconds=spec.scale_down_seconds, priority=spec.priority,
+                      submit_time=ctl.clock.now(), name=spec.name, owner=owner, true_curve=curve)
+            ctl.submit(job, durable=True)
+        runner.publish()
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        runner = self._live()
+        ctl = runner.replay.controller
+        job = ctl.job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if job.state.finished:
+            raise ValueError(f"job {job_id} has already ended ({job.state.value})")
+
+        def do() -> None:
+            ctl.cancel(job_id, durable=True)
+            if runner.status != "running":
+                ctl.step()    # a paused replay still honours a cancellation at once
+                runner.replay.checkpoint()
+        runner.command(do)
+        return job
+
+    def pause(self) -> None:
+        self._live().pause()
+
+    def resume(self) -> None:
+        self._live().resume()
+
+    def set_speed(self, speed: float) -> None:
+        runner = self._live()
+        runner.set_speed(check_speed(speed))
+        self.speed = runner.speed
+        runner.replay.controller.flush({"speed": self.speed})
+
+
+def check_speed(speed: float) -> float:
+    speed = float(speed)
+    if not SPEED_MIN <= speed <= SPEED_MAX:
+        raise ValueError(f"speed must be between {SPEED_MIN:g}x and {SPEED_MAX:g}x")
+    return speed
+
+
+def new_job_id(ctl) -> str:
+    while True:
+        job_id = "u-" + secrets.token_hex(4)
+        if ctl.job(job_id) is None:
+            return job_id
+
+
+__all__ = ["Harvester", "JobState", "SPEED_MIN", "SPEED_MAX", "check_speed"]
