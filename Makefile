@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-DEMO_ARGS ?= --start 2021-02-10T20:00:00Z --hours 24
+DEMO_ARGS ?=
 
 .PHONY: demo test bench clean
 
@@ -18,16 +18,19 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-# Until the dashboard lands: replay one day of the real Summit trace with the ImageNet job set.
+# The dashboard on http://127.0.0.1:8050 replaying the Summit trace (DEMO_ARGS="--speed 600 ...").
 demo: $(VENV)/.runtime
-	$(PY) -m core.replay $(DEMO_ARGS)
+	$(PY) -m app $(DEMO_ARGS)
 
+# Browser tests drive Debian's chromium through Playwright (no browser download needed).
 test: $(VENV)/.dev
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -m pytest
 
-bench: $(VENV)/.runtime
+bench: $(VENV)/.dev
 	$(PY) -m bench.allocator
 	$(PY) -m bench.replay
+	$(PY) -m bench.dashboard
 
 clean:
 	rm -rf $(VENV) .pytest_cache

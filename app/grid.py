@@ -150,9 +150,9 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
                 codes[i] = C_JOB0 + book.slot(job)
                 text.append(f"{names.get(job, job)} since {since}")
         elif st == IDLE:
-            text.append(f"idle, unused since {since}")
+            text.append(f"idle since {since}")
         else:
-            text.append(f"busy (main scheduler) since {since}")
+            text.append(f"busy since {since}")
     return Cells(snap.seq, codes, tuple(text))
 
 

@@ -25,7 +25,7 @@ def create_app(harvester: Harvester, users: Users) -> dash.Dash:
     context.history = History(harvester.db)
     app = dash.Dash(__name__, use_pages=True, pages_folder=str(HERE / "pages"),
                     assets_folder=str(HERE.parent / "assets"), title="Idle-node harvester",
-                    suppress_callback_exceptions=True, update_title=None)
+                    suppress_callback_exceptions=True, update_title=None, compress=True)
     server = app.server
     server.secret_key = key
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",

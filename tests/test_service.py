@@ -1,0 +1,134 @@
+"""The Harvester service a web process is built around: durable commands, resume after a
+crash with the settings the run was made with, restart with new settings; and the plain-words
+explanation of an allocation."""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+
+import pytest
+
+from core.controller import ControllerConfig
+from core.explain import why
+from core.model import Curve, Job, JobState
+from core.replay import ReplaySettings
+from core.schemas import JobSpec
+from core.service import Harvester
+from tests.test_runner import wait_for
+
+SPEC = JobSpec(name="probe", min_nodes=1, max_nodes=4, total_samples=1e9, curve="1:100, 4:390")
+
+
+def settings(trace, jobs, **kw):
+    return ReplaySettings(trace=trace, jobs=jobs, hours=10, config=ControllerConfig(tfwd=600), **kw)
+
+
+def stored(db, sql, args=()):
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def harvester(tmp_path, small_trace, small_jobs):
+    h = Harvester(tmp_path / "h.db", settings(small_trace, small_jobs), speed=60, tick_s=0.05)
+    h.open()
+    yield h
+    h.close()
+
+
+def test_a_registered_job_is_in_the_store_when_submit_returns(harvester):
+    harvester.pause()
+    job = harvester.submit(SPEC, "alice")
+    assert stored(harvester.db, "select owner, state, name from jobs where id = ?", (job.id,)) == \
+        [("alice", "queued", "probe")]
+    assert harvester.snapshot.job(job.id)["state"] == "queued"
+    harvester.resume()
+    wait_for(lambda: harvester.snapshot.job(job.id)["state"] == "running")
+
+
+def test_cancel_while_paused_takes_effect_at_once_and_durably(harvester):
+    harvester.pause()
+    job = harvester.submit(SPEC, "alice")
+    harvester.cancel(job.id)
+    assert harvester.snapshot.job(job.id)["state"] == "cancelled"
+    assert stored(harvester.db, "select state from jobs where id = ?", (job.id,)) == [("cancelled",)]
+    with pytest.raises(ValueError, match="already ended"):
+        harvester.cancel(job.id)
+    with pytest.raises(KeyError):
+        harvester.cancel("nope")
+
+
+def test_reopening_a_store_resumes_its_own_settings(tmp_path, small_trace, small_jobs):
+    db = tmp_path / "h.db"
+    h = Harvester(db, settings(small_trace, small_jobs, nodes=6), speed=600, tick_s=0.05)
+    h.open()
+    wait_for(lambda: h.snapshot.time > h.replay.start + 1200)
+    job = h.submit(SPEC, "bob")
+    h.close()
+    (saved,), = stored(db, "select value from meta where key = 'replay_cursor'")
+    # different command-line settings: the stored run wins, and continues from its cursor
+    again = Harvester(db, settings(small_trace, small_jobs, nodes=8), speed=60, tick_s=0.05)
+    again.open()
+    try:
+        assert again.settings.nodes == 6 and len(again.snapshot.nodes) == 6
+        assert again.speed == 600
+        assert again.replay.clock.now() >= float(saved)
+        assert again.job(job.id) is not None and again.job(job.id).owner == "bob"
+    finally:
+        again.close()
+    fresh = Harvester(db, settings(small_trace, small_jobs, nodes=8), fresh=True, tick_s=0.05)
+    fresh.open()
+    try:
+        assert len(fresh.snapshot.nodes) == 8 and fresh.job(job.id) is None
+    finally:
+        fresh.close()
+
+
+def test_restart_with_new_settings_drops_the_old_run(harvester, small_trace, small_jobs):
+    job = harvester.submit(SPEC, "alice")
+    seq = harvester.snapshot.seq
+    harvester.restart(replace(harvester.settings, nodes=4), speed=120, wait=True)
+    assert harvester.error is None and harvester.speed == 120
+    snap = harvester.snapshot
+    assert len(snap.nodes) == 4 and snap.seq > seq, "snapshot numbers never go back"
+    assert harvester.job(job.id) is None
+    assert stored(harvester.db, "select count(*) from jobs where id = ?", (job.id,)) == [(0,)]
+
+
+def test_a_failed_restart_reports_its_error(harvester, tmp_path):
+    harvester.restart(replace(harvester.settings, jobs=tmp_path / "missing.csv"), wait=True)
+    assert harvester.error and "missing.csv" in harvester.error
+    assert harvester.snapshot.status == "error"
+    with pytest.raises(RuntimeError):
+        harvester.submit(SPEC, "alice")
+
+
+def test_speed_is_bounded(harvester):
+    for bad in (0, -1, 1e6):
+        with pytest.raises(ValueError):
+            harvester.set_speed(bad)
+    harvester.set_speed(3600)
+    assert harvester.speed == 3600
+
+
+def _job(**kw):
+    base = dict(id="J", min_nodes=2, max_nodes=16, total_samples=1e9,
+                curve=Curve((1, 2, 4, 8, 16), (100, 200, 390, 500, 520)), scale_up_seconds=18,
+                scale_down_seconds=12, state=JobState.RUNNING)
+    base.update(kw)
+    return Job(**base)
+
+
+def test_why_says_what_holds_a_job_back():
+    assert why(_job(state=JobState.QUEUED), 0, 50, 50, 10, 10, 10, queue_position=3).startswith(
+        "queued: 10 jobs already running (at most 10 at once), number 3")
+    assert why(_job(), 16, 100, 40, 3, 10, 10) == "holds 16 nodes: its maximum"
+    line = why(_job(), 8, 100, 20, 3, 10, 10)     # 80 free nodes, but 8 -> 16 adds 20 samples/s only
+    assert line.startswith("holds 8 nodes: growing to 16 adds 20 samples/s") and "18 s rescale pause" in line
+    assert "all 30 idle nodes are in use" in why(_job(), 4, 30, 30, 3, 10, 10)
+    assert why(_job(), 0, 0, 0, 3, 10, 10) == "waiting: no node is idle"
+    assert "needs at least 2 nodes" in why(_job(), 0, 10, 9, 3, 10, 10)
+    assert why(_job(state=JobState.DONE, end_time=0.0), 0, 10, 9, 3, 10, 10).startswith("done at 1970-01-01")
