@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -69,12 +70,15 @@ def scenario(args) -> tuple[ReplaySettings, float]:
         v = getattr(args, k, None)
         if v is not None:
             s[k] = str(v) if isinstance(v, Path) else v
+    for k in ("hours", "tfwd", "speed"):
+        if s.get(k) is not None and not math.isfinite(float(s[k])):
+            raise ValueError(f"--{k} must be a finite number")
     base = ControllerConfig()
     config = ControllerConfig(s.get("policy", base.policy), base.solver, base.objective,
                               float(s.get("tfwd", base.tfwd)), int(s.get("max_jobs", base.max_jobs)),
                               s.get("queue", base.queue))
     hours = s.get("hours")
-    if hours is not None and float(hours) <= 0:
+    if hours is not None and not (math.isfinite(float(hours)) and float(hours) > 0):
         raise ValueError("--hours must be positive")
     settings = ReplaySettings(Path(s["trace"]), Path(s["jobs"]),
                               Path(s["node_list"]) if s.get("node_list") else None, s.get("nodes"),

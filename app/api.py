@@ -59,9 +59,9 @@ def register(server: flask.Flask) -> None:
     def health():
         h = context.harvester
         snap = h.snapshot
-        ok = snap.status not in ("error",)
+        ok = snap.status != "error" and h.problem is None
         body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
-                "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.error}
+                "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
         return jsonify(body), 200 if ok else 503
 
     @bp.get("/cluster")
@@ -156,6 +156,8 @@ def register(server: flask.Flask) -> None:
                 h.resume()
             elif command == "speed":
                 body = request.get_json(silent=True) or {}
+                if not isinstance(body, dict):
+                    return _err(400, 'send JSON {"speed": ...}')
                 h.set_speed(float(body.get("speed", 0)))
             else:
                 return _err(404, f"unknown command {command}; use pause, resume or speed")

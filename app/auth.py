@@ -57,6 +57,10 @@ class Users:
                 name, role, ph = row["name"], row.get("role", "user"), row["password_hash"]
             except (KeyError, TypeError, AttributeError):
                 raise ValueError(f"{source}: user {k + 1} needs name and password_hash")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{source}: user {k + 1}: name must be text")
+            if not isinstance(ph, str) or not ph:
+                raise ValueError(f"{source}: user {name}: password_hash must be text")
             if role not in ROLES:
                 raise ValueError(f"{source}: user {name}: role must be staff or user")
             if name in users:

@@ -16,7 +16,7 @@ def short_time(t: Optional[float]) -> str:
 def si(x: Optional[float]) -> str:
     if x is None:
         return "–"
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.3g}" if x else "0"

@@ -66,6 +66,6 @@ def status_bar(_n):
     from .format import sim_time
     h = context.harvester
     snap = h.snapshot
-    if snap.status in ("loading", "error"):
-        return f"replay {snap.status}" + (f": {h.error}" if h.error else "")
+    if snap.status in ("loading", "error") or h.problem:
+        return f"replay {snap.status}" + (f": {h.problem}" if h.problem else "")
     return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"

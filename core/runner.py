@@ -6,6 +6,7 @@ callback never waits on the allocator.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Optional
@@ -17,6 +18,7 @@ from .replay import Replay
 from .snapshot import Snapshot, build_snapshot
 
 JOB_ID = "replay-tick"
+log = logging.getLogger(__name__)
 
 
 class ReplayRunner:
@@ -33,6 +35,7 @@ class ReplayRunner:
         self._publish_lock = threading.Lock()
         self.status = "stopped"
         self.summary: Optional[dict] = None
+        self.error: Optional[str] = None
         self._seq = first_seq
         self._wall0 = time.monotonic()
         self._sim0 = replay.clock.now()
@@ -56,6 +59,7 @@ class ReplayRunner:
                                    max_instances=1, coalesce=True, replace_existing=True)
             if self._own and not self.scheduler.running:
                 self.scheduler.start()
+        self._publish()
 
     def pause(self) -> None:
         with self._lock:
@@ -98,11 +102,20 @@ class ReplayRunner:
             if self.status != "running":
                 return
             target = self._sim0 + (time.monotonic() - self._wall0) * self.speed
-            if not self.replay.advance(target):
-                self.summary = self.replay.finish()
-                self.status = "finished"
-                if self.scheduler.get_job(JOB_ID):
-                    self.scheduler.remove_job(JOB_ID)
+            try:
+                more = self.replay.advance(target)
+                if not more:
+                    self.summary = self.replay.finish()
+            except Exception as e:   # stop visibly (health turns 503) rather than fail every tick
+                log.exception("replay tick failed; the replay is stopped")
+                self.error = f"{type(e).__name__}: {e}"
+                more = False
+                self.status = "error"
+            else:
+                if not more:
+                    self.status = "finished"
+            if not more and self.scheduler.get_job(JOB_ID):
+                self.scheduler.remove_job(JOB_ID)
             self._publish()
 
     def command(self, fn):

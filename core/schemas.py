@@ -13,7 +13,7 @@ from .model import Curve
 
 
 class CurveSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     nodes: list[int] = Field(min_length=1)
     samples_per_second: list[float] = Field(min_length=1)
@@ -175,6 +175,14 @@ class JobSpec(BaseModel):
     scale_up_seconds: float = Field(default=18.0, ge=0, le=3600)
     scale_down_seconds: float = Field(default=12.0, ge=0, le=3600)
     priority: float = Field(default=1.0, gt=0, le=1000)
+
+    @field_validator("min_nodes", "max_nodes", "total_samples", "scale_up_seconds", "scale_down_seconds",
+                     "priority", mode="before")
+    @classmethod
+    def _not_bool(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not true/false")
+        return v
 
     @field_validator("name")
     @classmethod

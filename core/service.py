@@ -48,6 +48,10 @@ class Harvester:
             self._open(self.settings, self.fresh)
 
     def _open(self, settings: ReplaySettings, fresh: bool) -> None:
+        if not self.db.exists():
+            replay = Replay(settings, self.db)
+            self._start(replay, settings)
+            return
         store = Store(self.db)
         try:
             saved = store.meta("replay")
@@ -60,6 +64,9 @@ class Harvester:
         finally:
             store.close()
         replay = Replay(settings, self.db, resume=resumable and not fresh)
+        self._start(replay, settings)
+
+    def _start(self, replay, settings) -> None:
         replay.checkpoint()
         replay.controller.flush({"speed": self.speed})
         self.settings = settings
@@ -115,6 +122,11 @@ class Harvester:
         return runner.snapshot
 
     @property
+    def problem(self) -> Optional[str]:
+        """What stopped the harvester, if anything did (shown by /api/health and the pages)."""
+        return self.error or (self.runner.error if self.runner else None)
+
+    @property
     def replay(self) -> Optional[Replay]:
         return self.runner.replay if self.runner else None
 
@@ -151,14 +163,13 @@ class Harvester:
         job = ctl.job(job_id)
         if job is None:
             raise KeyError(job_id)
-        if job.state.finished:
-            raise ValueError(f"job {job_id} has already ended ({job.state.value})")
 
         def do() -> None:
+            if job.state.finished:
+                raise ValueError(f"job {job_id} has already ended ({job.state.value})")
             ctl.cancel(job_id, durable=True)
-            if runner.status != "running":
-                ctl.step()    # a paused replay still honours a cancellation at once
-                runner.replay.checkpoint()
+            ctl.step()    # between ticks (runner lock held): the cancellation takes effect at once
+            runner.replay.checkpoint()
         runner.command(do)
         return job
 

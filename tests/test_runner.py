@@ -59,3 +59,19 @@ def test_pause_resume_and_speed(small_trace, small_jobs):
     finally:
         runner.stop()
     assert runner.status == "stopped"
+
+
+def test_a_failing_tick_stops_the_replay_visibly(small_trace, small_jobs):
+    runner = ReplayRunner(Replay(settings(small_trace, small_jobs)), speed=600, tick_s=0.05)
+    runner.start()
+    try:
+        assert runner.snapshot.status == "running", "start publishes at once"
+
+        def broken(*a, **k):
+            raise IndexError("injected")
+        runner.replay.advance = broken       # fault injection: the next tick raises
+        wait_for(lambda: runner.snapshot.status == "error")
+        assert runner.error == "IndexError: injected"
+        assert runner.scheduler.get_job("replay-tick") is None, "no more failing ticks"
+    finally:
+        runner.stop()

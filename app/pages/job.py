@@ -73,11 +73,18 @@ def update_job(n, job_id):
     can_cancel = user is not None and user.may_cancel(job.owner) and not job.state.finished
     thr = hist.job_throughput(job_id)
     allocs = hist.job_allocations(job_id)
-    events = [{"time": sim_time(e["time"]), "kind": e["kind"], "node": e["node"] or "",
-               "detail": e["detail"] or ""} for e in hist.job_events(job_id)]
+    events = job_log(hist.job_events(job_id), allocs)
     return (head, line, curve_figure(job, info, hist.job_curve_points(job_id)),
             nodes_figure(allocs, snap.time, info), progress_figure(thr, snap.time, info, job.total_samples),
             events, {} if can_cancel else {"display": "none"})
+
+
+def job_log(events, allocs, limit=200) -> list[dict]:
+    """The job's own events and every change of its allocation, newest first."""
+    rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in events]
+    rows += [(a["time"], a["reason"], "", f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
+    rows.sort(key=lambda r: r[0], reverse=True)
+    return [{"time": sim_time(t), "kind": k, "node": n, "detail": d} for t, k, n, d in rows[:limit]]
 
 
 def _fact(k, v):

@@ -75,7 +75,7 @@ def state(_n):
     s = h.settings
     window = (f"from {s.start or 'the start'} " + (f"for {s.hours:g} h" if s.hours else "to the end of the trace"))
     nodes = f"{len(snap.nodes):,} nodes" if snap.nodes else ""
-    err = f" — error: {h.error}" if h.error else ""
+    err = f" — error: {h.problem}" if h.problem else ""
     return (f"{snap.status} at {h.speed:g}x: {Path(s.trace).name}, {window}, {nodes}, "
             f"{Path(s.jobs).name}, policy {s.config.policy}, T_fwd {s.config.tfwd:g} s{err}")
 
