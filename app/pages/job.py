@@ -81,10 +81,11 @@ def update_job(n, job_id):
 
 def job_log(events, allocs, limit=200) -> list[dict]:
     """The job's own events and every change of its allocation, newest first."""
-    rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in events]
+    rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in reversed(events)]
     rows += [(a["time"], a["reason"], "", f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
-    rows.sort(key=lambda r: r[0], reverse=True)
-    return [{"time": sim_time(t), "kind": k, "node": n, "detail": d} for t, k, n, d in rows[:limit]]
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i), reverse=True)
+    return [{"time": sim_time(rows[i][0]), "kind": rows[i][1], "node": rows[i][2], "detail": rows[i][3]}
+            for i in order[:limit]]
 
 
 def _fact(k, v):

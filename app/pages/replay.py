@@ -53,7 +53,8 @@ def layout(**_):
                                        className="form-input"), "how far ahead the allocator looks"),
             row("Speed", html.Div(dcc.Slider(id=ids.RP_SPEED, min=0, max=math.log10(SPEED_MAX), step=0.01,
                                              value=math.log10(h.speed), marks=SPEED_MARKS,
-                                             updatemode="mouseup"), className="slider"),
+                                             updatemode="mouseup", allow_direct_input=False),
+                                  className="slider"),
                 "simulated seconds per wall second"),
         ], className="form"),
         html.Div([
