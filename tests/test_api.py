@@ -470,6 +470,8 @@ def test_staff_may_cancel_anyones_job(app, tokens):
 
 
 def test_a_user_cannot_cancel_the_job_sets_jobs(app, tokens):
+    # S1 arrives 60 simulated seconds after the start (half a second at 120x)
+    assert wait_for(lambda: app.get("/api/jobs/S1")[0] == 200), app.get("/api/health")
     status, body = app.request("DELETE", "/api/jobs/S1", token=tokens["alice"])
     assert status == 403, body
     assert job_state(app, "S1") == "running"
