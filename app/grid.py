@@ -125,7 +125,7 @@ class Cells:
 
 
 def _when(t: Optional[float]) -> str:
-    return time.strftime("%b %d %H:%M", time.gmtime(t)) if t is not None else "start"
+    return " since " + time.strftime("%b %d %H:%M", time.gmtime(t)) if t is not None else ""
 
 
 def job_label(snap: Snapshot) -> dict[str, str]:
@@ -145,14 +145,14 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
         if st == HELD and job is not None:
             if job in snap.rescaling:
                 codes[i] = C_RESCALE
-                text.append(f"rescaling {names.get(job, job)} since {since}")
+                text.append(f"rescaling {names.get(job, job)}{since}")
             else:
                 codes[i] = C_JOB0 + book.slot(job)
-                text.append(f"{names.get(job, job)} since {since}")
+                text.append(f"{names.get(job, job)}{since}")
         elif st == IDLE:
-            text.append(f"idle since {since}")
+            text.append(f"idle{since}")
         else:
-            text.append(f"busy since {since}")
+            text.append(f"busy{since}")
     return Cells(snap.seq, codes, tuple(text))
 
 
@@ -241,6 +241,12 @@ class CellCache:
         if lay is None:
             lay = self._layouts[names] = make_layout(names)
         return lay
+
+    @staticmethod
+    def machine_id(names: Sequence[str]) -> str:
+        """A stable text id of the node list (text: a browser keeps it exactly, unlike a 64-bit
+        int, which JavaScript rounds)."""
+        return f"{len(names)}-{zlib.crc32(chr(10).join(names).encode()):08x}"
 
     def get(self, seq: int) -> Optional[Cells]:
         with self._lock:

@@ -15,6 +15,8 @@ from app.grid import (C_BUSY, C_IDLE, C_JOB0, C_RESCALE, PATCH_LIMIT, CellCache,
 from core.replay import DEFAULT_NODE_LIST
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 from core.sources.trace import read_node_list
+from tests.conftest import ROOT
+from tests.test_runner import wait_for
 
 
 def apply_patch(fig: dict, patch) -> dict:
@@ -125,3 +127,40 @@ def test_unknown_browser_state_gets_whole_z_and_text():
     assert [o["location"] for o in ops] == [["data", 0, "z"], ["data", 0, "text"]]
     z = np.array(ops[0]["params"]["value"], dtype=float)
     assert np.nansum(z == C_IDLE) == 12
+
+
+def _as_javascript_keeps_it(value):
+    """What a browser sends back: every JSON number becomes a double."""
+    if isinstance(value, dict):
+        return {k: _as_javascript_keeps_it(v) for k, v in value.items()}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(float(value))
+    return value
+
+
+def test_a_browser_key_leads_to_a_patch_not_a_whole_figure(tmp_path, small_trace, small_jobs):
+    """Regression: a 64-bit hash in the key was rounded by JavaScript, so every update was a
+    whole figure. The key must survive the browser's number type."""
+    import dash
+    from dash import Patch
+
+    from app import context
+    from core.controller import ControllerConfig
+    from core.replay import ReplaySettings
+    from core.service import Harvester
+    dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
+    from app.pages.cluster import grid_update
+    h = Harvester(tmp_path / "g.db", ReplaySettings(trace=small_trace, jobs=small_jobs, hours=10,
+                                                    config=ControllerConfig(tfwd=600)), speed=3600, tick_s=0.05)
+    h.open()
+    context.harvester = h
+    try:
+        fig, key = grid_update(None)
+        assert isinstance(fig, dict) and fig["data"][0]["type"] == "heatmap"
+        seq = key["seq"]
+        wait_for(lambda: h.snapshot.seq > seq)
+        update, key2 = grid_update(_as_javascript_keeps_it(key))
+        assert isinstance(update, Patch) and key2["seq"] > seq
+    finally:
+        h.close()
+        context.harvester = None

@@ -26,7 +26,7 @@ def layout(**_):
     if snap.nodes:
         lay = cache.layout(snap.nodes)
         figure = grid_figure(lay, snap.nodes, cache.cells(snap))
-        key = {"boot": context.BOOT, "seq": snap.seq, "n": len(snap.nodes), "h": hash(snap.nodes)}
+        key = {"boot": context.BOOT, "seq": snap.seq, "machine": cache.machine_id(snap.nodes)}
     return html.Div([
         html.Div([
             _kpi(ids.KPI_IDLE, "idle nodes now"),
@@ -82,11 +82,11 @@ def grid_update(key):
     cache = context.cells
     lay = cache.layout(snap.nodes)
     new = cache.cells(snap)
-    new_key = {"boot": context.BOOT, "seq": snap.seq, "n": len(snap.nodes), "h": hash(snap.nodes)}
-    same_machine = key and key.get("boot") == context.BOOT and key.get("h") == new_key["h"]
-    if not same_machine:
-        return grid_figure(lay, snap.nodes, new), new_key
-    return grid_patch(lay, cache.get(key["seq"]), new), new_key
+    new_key = {"boot": context.BOOT, "seq": snap.seq, "machine": cache.machine_id(snap.nodes)}
+    if not key or key.get("machine") != new_key["machine"]:
+        return grid_figure(lay, snap.nodes, new), new_key     # another node list: a new layout
+    old = cache.get(key["seq"]) if key.get("boot") == context.BOOT else None
+    return grid_patch(lay, old, new), new_key
 
 
 @dash.callback(Output(ids.KPI_IDLE, "children"), Output(ids.KPI_HARVESTED, "children"),
