@@ -19,7 +19,9 @@ from core.controller import QUEUE_ORDERS, ControllerConfig
 from core.errors import InputError
 from core.policies import POLICIES
 from core.replay import DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
-from core.service import Harvester
+from core.dispatchers.simulated import SimulatedDispatcher
+from core.service import Harvester, LiveHarvester
+from core.sources.static import StaticSource
 
 from .auth import Users
 
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", type=Path)
     g.add_argument("--jobs", type=Path)
     g.add_argument("--node-list", type=Path)
-    g.add_argument("--nodes", type=int)
+    g.add_argument("--nodes", help="replay: use the first N nodes; live: the node inventory file")
     g.add_argument("--racks")
     g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START})")
     g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
@@ -50,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-jobs", type=int)
     g.add_argument("--queue", choices=QUEUE_ORDERS)
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
-    ap.add_argument("--tick", type=float, default=0.5, help="seconds between scheduler ticks")
+    live = ap.add_argument_group("live mode (instead of a replay)")
+    live.add_argument("--dispatch", choices=("simulated", "local", "ssh"),
+                      help="run jobs live: simulated progress, local processes, or over ssh")
+    live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
+    ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
     return ap
 
@@ -70,6 +76,11 @@ def scenario(args) -> tuple[ReplaySettings, float]:
         v = getattr(args, k, None)
         if v is not None:
             s[k] = str(v) if isinstance(v, Path) else v
+    if s.get("nodes") is not None:
+        try:
+            s["nodes"] = int(s["nodes"])
+        except ValueError:
+            raise ValueError("--nodes: a replay takes a number of nodes (a node file needs --dispatch)")
     for k in ("hours", "tfwd", "speed"):
         if s.get(k) is not None and not math.isfinite(float(s[k])):
             raise ValueError(f"--{k} must be a finite number")
@@ -86,17 +97,48 @@ def scenario(args) -> tuple[ReplaySettings, float]:
     return settings, float(s["speed"])
 
 
+def live_harvester(args) -> LiveHarvester:
+    """Live mode: nodes from an inventory file or N local 'nodes', jobs on the chosen dispatcher."""
+    from core.inventory import local_nodes, read_inventory
+    if args.local_nodes is not None and args.nodes:
+        raise ValueError("give either --local-nodes or --nodes FILE")
+    if args.local_nodes is not None:
+        if args.local_nodes < 1:
+            raise ValueError("--local-nodes must be at least 1")
+        if args.dispatch == "ssh":
+            raise ValueError("--dispatch ssh needs --nodes FILE (hostname, ssh target, slots)")
+        specs = local_nodes(args.local_nodes)
+    elif args.nodes:
+        specs = read_inventory(Path(args.nodes))
+    else:
+        raise ValueError("live mode needs --local-nodes N or --nodes FILE")
+    config = ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
+                              int(args.max_jobs or 10), args.queue or "fcfs")
+    source = StaticSource([n.name for n in specs])
+    if args.dispatch == "simulated":
+        dispatcher = SimulatedDispatcher()
+    else:
+        from core.dispatchers.workers import make_worker_dispatcher
+        dispatcher = make_worker_dispatcher(args.dispatch, specs, args.db,
+                                            report_url=f"http://{args.host}:{args.port}/api/workers/report")
+    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
+                         require_command=args.dispatch != "simulated")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        settings, speed = scenario(args)
+        settings, speed = scenario(args) if not args.dispatch else (None, 1.0)
         users = Users.load(args.users)
         password = None
         if users is None:
             users, password = Users.demo()
-        harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick, fresh=args.fresh)
+        if args.dispatch:
+            harvester = live_harvester(args)
+        else:
+            harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick or 0.5, fresh=args.fresh)
         harvester.open()
     except (InputError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -112,6 +112,9 @@ def register(server: flask.Flask) -> None:
             return _err(422, "invalid job", errors=field_errors(e))
         try:
             job = context.harvester.submit(spec, user.name)
+        except ValueError as e:
+            field, _, msg = str(e).partition(": ")
+            return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
         except RuntimeError as e:
             return _err(503, str(e))
         info = context.harvester.snapshot.job(job.id)

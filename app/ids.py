@@ -23,8 +23,6 @@ JOBS_COUNT = "jobs-count"
 FORM = "job-form"
 FORM_SUBMIT = "job-form-submit"
 FORM_RESULT = "job-form-result"
-FORM_FIELDS = ("name", "min_nodes", "max_nodes", "total_samples", "curve",
-               "scale_up_seconds", "scale_down_seconds", "priority")
 
 
 def field_input(name: str) -> str:

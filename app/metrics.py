@@ -44,8 +44,8 @@ class HarvesterCollector:
         for kind, n in sorted(k.get("events_by_kind", {}).items()):
             c.add_metric([kind], n)
         yield c
-        replay = h.replay
-        solve_ms = np.asarray(replay.controller.solve_ms if replay else [], dtype=float) / 1000.0
+        ctl = h.controller
+        solve_ms = np.asarray(ctl.solve_ms if ctl else [], dtype=float) / 1000.0
         counts_le = [int(np.count_nonzero(solve_ms <= b)) for b in SOLVE_BUCKETS_S]
         buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, counts_le)] + [("+Inf", len(solve_ms))]
         hist = HistogramMetricFamily("harvest_solver_seconds", "Allocator solve time per decision")

@@ -68,4 +68,6 @@ def status_bar(_n):
     snap = h.snapshot
     if snap.status in ("loading", "error") or h.problem:
         return f"replay {snap.status}" + (f": {h.problem}" if h.problem else "")
+    if h.mode == "live":
+        return f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status}"
     return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"

@@ -108,6 +108,7 @@ class Controller:
         self._new_jobs: dict[str, Job] = {}
         self.lock = threading.RLock()
         self._batch = Batch()
+        self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
 
     # ---- inputs ---------------------------------------------------------------------------
     def start(self, idle: Sequence[str]) -> None:
@@ -202,7 +203,7 @@ class Controller:
             changed |= self._admit(now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
-            if changed and self.running:
+            if changed and self.running and not self.frozen:
                 self._solve(now, result)
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)

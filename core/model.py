@@ -112,6 +112,8 @@ class Job:
     start_time: Optional[float] = None
     end_time: Optional[float] = None
     true_curve: Optional[Curve] = None  # simulation only: how the job really scales
+    command: tuple[str, ...] = ()       # real workers: the training script's argv on each node
+    global_batch: int = 0               # real workers: samples per step, whatever the world size
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:

@@ -45,6 +45,10 @@ class ReplayRunner:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    @property
+    def controller(self):
+        return self.replay.controller
+
     def _anchor(self) -> None:
         self._wall0 = time.monotonic()
         self._sim0 = self.replay.clock.now()

@@ -175,9 +175,28 @@ class JobSpec(BaseModel):
     scale_up_seconds: float = Field(default=18.0, ge=0, le=3600)
     scale_down_seconds: float = Field(default=12.0, ge=0, le=3600)
     priority: float = Field(default=1.0, gt=0, le=1000)
+    command: Optional[list[str]] = Field(default=None, min_length=1, max_length=256)
+    global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, v):
+        """A command is an argv list (each item passed literally, never through a shell), or a
+        string split like a shell would split it."""
+        if isinstance(v, str):
+            import shlex
+            try:
+                v = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"cannot split the command: {e}")
+            if not v:
+                return None
+        if isinstance(v, list) and any(not isinstance(a, str) or "\x00" in a or len(a) > 4096 for a in v):
+            raise ValueError("every argument must be text without NUL, at most 4096 characters")
+        return v
 
     @field_validator("min_nodes", "max_nodes", "total_samples", "scale_up_seconds", "scale_down_seconds",
-                     "priority", mode="before")
+                     "priority", "global_batch", mode="before")
     @classmethod
     def _not_bool(cls, v):
         if isinstance(v, bool):

@@ -9,7 +9,12 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from .model import Job, JobState
+from .clock import WallClock
+from .controller import Controller, ControllerConfig
+from .dispatchers.base import Dispatcher
+from .live import LiveRunner
+from .model import Event, EventKind, Job, JobState
+from .sources.base import LiveNodeSource
 from .replay import Replay, ReplaySettings
 from .runner import ReplayRunner
 from .schemas import JobSpec
@@ -22,6 +27,7 @@ SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 
 
 class Harvester:
+    mode = "replay"
     """Replay mode: the Summit trace (or any trace) drives the controller at `speed` x wall time.
 
     On start, a store that already holds a replay is resumed with the settings it was made with
@@ -104,7 +110,7 @@ class Harvester:
         if self.runner is not None:
             self._seq = self.runner.snapshot.seq
             self.runner.stop()
-            store = self.runner.replay.store
+            store = self.runner.controller.store
             if store is not None:
                 store.close()
             self.runner = None
@@ -130,9 +136,13 @@ class Harvester:
     def replay(self) -> Optional[Replay]:
         return self.runner.replay if self.runner else None
 
+    @property
+    def controller(self):
+        return self.runner.controller if self.runner else None
+
     def job(self, job_id: str) -> Optional[Job]:
-        replay = self.replay
-        return replay.controller.job(job_id) if replay else None
+        ctl = self.controller
+        return ctl.job(job_id) if ctl else None
 
     # ---- commands -------------------------------------------------------------------------
     def _live(self) -> ReplayRunner:
@@ -141,25 +151,27 @@ class Harvester:
             raise RuntimeError("the replay is still loading")
         return runner
 
+    def _job_from(self, spec: JobSpec, owner: str, ctl) -> Job:
+        curve = spec.curve.to_curve()
+        return Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                   total_samples=spec.total_samples, curve=curve,
+                   scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                   priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
+                   true_curve=curve)
+
     def submit(self, spec: JobSpec, owner: str) -> Job:
         """Register a job a person asked for; it is in the store when this returns."""
         runner = self._live()
-        ctl = runner.replay.controller
-        curve = spec.curve.to_curve()
+        ctl = runner.controller
         with ctl.lock:
-            job_id = new_job_id(ctl)
-            job = Job(id=job_id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
-                      total_samples=spec.total_samples, curve=curve,
-                      scale_up_seconds=spec.scale_up_seconds,
-                      scale_down_seconds=spec.scale_down_seconds, priority=spec.priority,
-                      submit_time=ctl.clock.now(), name=spec.name, owner=owner, true_curve=curve)
+            job = self._job_from(spec, owner, ctl)
             ctl.submit(job, durable=True)
         runner.publish()
         return job
 
     def cancel(self, job_id: str) -> Job:
         runner = self._live()
-        ctl = runner.replay.controller
+        ctl = runner.controller
         job = ctl.job(job_id)
         if job is None:
             raise KeyError(job_id)
@@ -169,9 +181,12 @@ class Harvester:
                 raise ValueError(f"job {job_id} has already ended ({job.state.value})")
             ctl.cancel(job_id, durable=True)
             ctl.step()    # between ticks (runner lock held): the cancellation takes effect at once
-            runner.replay.checkpoint()
+            self._checkpoint(runner)
         runner.command(do)
         return job
+
+    def _checkpoint(self, runner) -> None:
+        runner.replay.checkpoint()
 
     def pause(self) -> None:
         self._live().pause()
@@ -183,7 +198,75 @@ class Harvester:
         runner = self._live()
         runner.set_speed(check_speed(speed))
         self.speed = runner.speed
-        runner.replay.controller.flush({"speed": self.speed})
+        runner.controller.flush({"speed": self.speed})
+
+
+class LiveHarvester(Harvester):
+    """Live mode: a live node source and a dispatcher that runs real (or simulated) workers, in
+    wall time. The store keeps jobs and history; restarted with the same store, jobs that were
+    running are taken up again on the nodes the source offers now."""
+
+    mode = "live"
+
+    def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
+                 config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
+                 fresh: bool = False, require_command: bool = False) -> None:
+        super().__init__(db, None, speed=1.0, tick_s=tick_s, fresh=fresh)
+        self.source = source
+        self.dispatcher = dispatcher
+        self.config = config or ControllerConfig()
+        self.require_command = require_command
+
+    def _open(self, settings, fresh: bool) -> None:
+        store = Store(self.db)
+        if fresh or (not store.is_empty() and store.meta("live") is None):
+            store.reset()
+        clock = WallClock()
+        names = self.source.node_names()
+        idle = self.source.initial_idle()
+        if store.meta("live") is not None:
+            ctl = Controller.restore(store, self.dispatcher, clock, self.config, names)
+            known = set(ctl.idle)
+            for n in known - set(idle):
+                ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))
+            for n in idle:
+                if n not in known:
+                    ctl.post(Event(clock.now(), EventKind.NODE_JOIN, node=n))
+        else:
+            ctl = Controller(self.dispatcher, clock, self.config, store, names)
+            ctl.start(idle)
+        ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
+        self.runner = LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1)
+        self.runner.start()
+        self.error = None
+
+    def restart(self, settings=None, speed=None, wait: bool = False) -> None:
+        raise RuntimeError("live mode has no replay to restart")
+
+    def set_speed(self, speed: float) -> None:
+        raise ValueError("live mode runs at wall-clock speed")
+
+    def _checkpoint(self, runner) -> None:
+        runner.controller.flush()
+
+    def _job_from(self, spec: JobSpec, owner: str, ctl) -> Job:
+        if self.require_command and not spec.command:
+            raise ValueError("command: a job on real workers needs the command to run on each node")
+        if spec.command and not spec.global_batch:
+            raise ValueError("global_batch: give the samples per step of the command")
+        job = super()._job_from(spec, owner, ctl)
+        job.command = tuple(spec.command or ())
+        job.global_batch = spec.global_batch or 0
+        if self.require_command:
+            job.true_curve = None       # real workers: speed is measured, not assumed
+        return job
+
+    def close(self) -> None:
+        super().close()
+        self.source.close()
+        close = getattr(self.dispatcher, "close", None)
+        if close:
+            close()
 
 
 def check_speed(speed: float) -> float:
@@ -200,4 +283,4 @@ def new_job_id(ctl) -> str:
             return job_id
 
 
-__all__ = ["Harvester", "JobState", "SPEED_MIN", "SPEED_MAX", "check_speed"]
+__all__ = ["Harvester", "LiveHarvester", "JobState", "SPEED_MIN", "SPEED_MAX", "check_speed"]

@@ -23,7 +23,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "total_samples": float, "samples_done": float, "scale_up_seconds": float,
         "scale_down_seconds": float, "priority": float, "curve": str, "true_curve": str,
         "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
-        "nodes_now": int, "samples_per_second": float,
+        "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -73,6 +73,8 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "true_curve": json.dumps(job.true_curve.to_dict()) if job.true_curve else None,
         "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
         "nodes": json.dumps(nodes), "nodes_now": len(nodes), "samples_per_second": rate,
+        "command": json.dumps(list(job.command)) if job.command else None,
+        "global_batch": job.global_batch or None,
     }
 
 
@@ -84,7 +86,9 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         priority=row["priority"], submit_time=row["submit_time"], name=row["name"] or "",
         owner=row["owner"] or "", state=JobState(row["state"]), samples_done=row["samples_done"],
         start_time=row["start_time"], end_time=row["end_time"],
-        true_curve=Curve.from_dict(json.loads(row["true_curve"])) if row["true_curve"] else None)
+        true_curve=Curve.from_dict(json.loads(row["true_curve"])) if row["true_curve"] else None,
+        command=tuple(json.loads(row["command"])) if row.get("command") else (),
+        global_batch=row.get("global_batch") or 0)
     return job, json.loads(row["nodes"] or "[]")
 
 

@@ -34,6 +34,8 @@ FIELDS = {  # field: (label, placeholder/default, hint)
     "scale_up_seconds": ("Grow pause (s)", "18", "seconds of progress a grow costs"),
     "scale_down_seconds": ("Shrink pause (s)", "12", "seconds of progress a shrink costs"),
     "priority": ("Priority", "1", "weight under the priority objective"),
+    "command": ("Command", "python examples/digits_cnn.py --lr 0.05", "live mode: what each node runs"),
+    "global_batch": ("Global batch", "256", "live mode: samples per step"),
 }
 DEFAULTS = {"min_nodes": "1", "max_nodes": "64", "scale_up_seconds": "18", "scale_down_seconds": "12",
             "priority": "1"}
@@ -138,6 +140,12 @@ def register(n_clicks, *values):
                                                               className="error")]
     try:
         job = context.harvester.submit(spec, user.name)
+    except ValueError as e:
+        field, _, msg = str(e).partition(": ")
+        if field in FIELDS:
+            return [msg if f == field else "" for f in FIELDS] + [
+                html.Span("Nothing was registered: fix the marked fields.", className="error")]
+        return blank + [html.Span(str(e), className="error")]
     except RuntimeError as e:
         return blank + [html.Span(str(e), className="error")]
     return blank + [html.Span(["Registered ", dcc.Link(job.id, href=f"/jobs/{job.id}"), f" ({job.name})."],

@@ -27,6 +27,10 @@ def _jobsets() -> list[dict]:
 
 def layout(**_):
     h = context.harvester
+    if h.mode != "replay":
+        return html.Div([html.H2("Replay"), html.P(
+            "This server runs live: nodes come from a live source and jobs run on real workers. "
+            "Start `python -m app` without --dispatch for a replay.", className="why")])
     s = h.settings
     user = context.current_user()
     staff = user is not None and user.is_staff
@@ -72,6 +76,8 @@ def layout(**_):
 @dash.callback(Output(ids.RP_STATE, "children"), Input(ids.TICK, "n_intervals"))
 def state(_n):
     h = context.harvester
+    if h.mode != "replay":
+        return no_update
     snap = h.snapshot
     s = h.settings
     window = (f"from {s.start or 'the start'} " + (f"for {s.hours:g} h" if s.hours else "to the end of the trace"))
