@@ -9,9 +9,12 @@ model as the web form.
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
     GET    /api/jobs/<id>
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
-    POST   /api/replay/<pause|resume>   staff only
+    POST   /api/replay/<pause|resume|speed>    staff only
+    POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
 """
 from __future__ import annotations
+
+import time
 
 import flask
 from flask import jsonify, request
@@ -169,5 +172,25 @@ def register(server: flask.Flask) -> None:
         except RuntimeError as e:
             return _err(503, str(e))
         return jsonify({"status": h.snapshot.status, "speed": h.speed})
+
+    @bp.post("/nodes/<node>/<command>")
+    def node(node, command):
+        """Staff play the node owner on a static source: take a node back, or give it again."""
+        user = context.current_user()
+        if user is None:
+            return _err(401, "log in first")
+        if not user.is_staff:
+            return _err(403, "only staff may reclaim or release nodes")
+        h = context.harvester
+        source = getattr(h, "source", None)
+        if source is None or not hasattr(source, "reclaim"):
+            return _err(409, "this server's node source is not operated by hand")
+        if command not in ("reclaim", "release"):
+            return _err(404, f"unknown command {command}; use reclaim or release")
+        try:
+            getattr(source, command)(node, time.time())
+        except KeyError:
+            return _err(404, f"no node {node}")
+        return jsonify({"node": node, "command": command})
 
     server.register_blueprint(bp)
