@@ -22,9 +22,11 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 demo: $(VENV)/.runtime
 	$(PY) -m app $(DEMO_ARGS)
 
-# Browser tests drive Debian's chromium through Playwright (no browser download needed).
+# Browser tests drive Debian's chromium through Playwright (no browser download needed);
+# the SSH tests start their own sshd on loopback.
 test: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 	$(PY) -m pytest
 
 bench: $(VENV)/.dev

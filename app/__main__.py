@@ -99,7 +99,7 @@ def scenario(args) -> tuple[ReplaySettings, float]:
 
 def live_harvester(args) -> LiveHarvester:
     """Live mode: nodes from an inventory file or N local 'nodes', jobs on the chosen dispatcher."""
-    from core.inventory import local_nodes, read_inventory
+    from core.inventory import load_inventory, local_nodes
     if args.local_nodes is not None and args.nodes:
         raise ValueError("give either --local-nodes or --nodes FILE")
     if args.local_nodes is not None:
@@ -109,7 +109,7 @@ def live_harvester(args) -> LiveHarvester:
             raise ValueError("--dispatch ssh needs --nodes FILE (hostname, ssh target, slots)")
         specs = local_nodes(args.local_nodes)
     elif args.nodes:
-        specs = read_inventory(Path(args.nodes))
+        specs = load_inventory(Path(args.nodes))
     else:
         raise ValueError("live mode needs --local-nodes N or --nodes FILE")
     config = ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),

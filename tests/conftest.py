@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 JOBSET_HEADER = ("job,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_seconds,"

@@ -1,0 +1,192 @@
+"""Every "node" is a process group on this machine (one-machine mode, tests, demos). No shell is
+involved anywhere: argv goes to exec() as it is.
+
+Liveness ignores zombies: an orphaned child of a worker is re-parented to PID 1, and where PID 1
+does not reap (some containers and micro-VMs) its zombie would otherwise look alive forever.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport,
+                   check_start_args)
+
+_POLL_S = 0.02
+_KILL_WAIT_S = 5.0
+
+
+def proc_stat(pid: int) -> Optional[list[str]]:
+    """Fields 3.. of /proc/PID/stat (state, ppid, pgrp, ...), or None if there is no such PID."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # comm may hold spaces and ')'
+
+
+def start_token(pid: int) -> str:
+    """The start time of a live (non-zombie) PID in clock ticks since boot; '' otherwise."""
+    f = proc_stat(pid)
+    return f[19] if f and f[0] != "Z" else ""
+
+
+def live_groups() -> Optional[set[int]]:
+    """The process groups that have a non-zombie member; None where there is no /proc."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    out = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            f = proc_stat(int(entry.name))
+            if f and f[0] != "Z":
+                out.add(int(f[2]))
+    return out
+
+
+def group_alive(pgid: int, groups: Optional[set[int]] = None) -> bool:
+    """Whether any non-zombie process is in process group `pgid` (`groups`: from live_groups)."""
+    groups = live_groups() if groups is None else groups
+    if groups is None:
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    return pgid in groups
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalTransport(Transport):
+    name = "local"
+
+    def __init__(self) -> None:
+        self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
+        self._lock = threading.Lock()
+
+    def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
+              log_path: str) -> Handle:
+        argv, env = list(argv), dict(env)
+        check_start_args(node, argv, env, workdir, log_path)
+        try:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=workdir or None,
+                                        stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise StartError(node.name, f"cannot start {argv[0]!r} in {workdir or '.'!r}: {e}") from e
+        # read before the child can be reaped (its zombie still has a start time)
+        token = start_token(proc.pid) if proc.poll() is None else ""
+        with self._lock:
+            self._procs[(proc.pid, token)] = proc
+        return Handle(node, proc.pid, token, log_path, time.time())
+
+    def _proc(self, handle: Handle) -> Optional[subprocess.Popen]:
+        with self._lock:
+            return self._procs.get((handle.pid, handle.token))
+
+    def _reap(self, handle: Handle) -> bool:
+        """Reap our own child if it exited; True while the leader runs."""
+        proc = self._proc(handle)
+        if proc is not None:
+            if proc.poll() is None:
+                return True
+            with self._lock:
+                self._procs.pop((handle.pid, handle.token), None)
+            return False
+        # a handle from another transport instance (or a controller that restarted)
+        return bool(handle.token) and start_token(handle.pid) == handle.token
+
+    def _ours(self, handle: Handle) -> bool:
+        """False when the PID now belongs to an unrelated process (never signal that)."""
+        if self._proc(handle) is not None:
+            return True
+        now = start_token(handle.pid)
+        return now == "" or now == handle.token
+
+    def _alive_node(self, handles: list[Handle]) -> dict[Handle, bool]:
+        return {h: self._reap(h) for h in handles}
+
+    def _stop_node(self, handles: list[Handle], grace_s: float) -> dict[Handle, str]:
+        out: dict[Handle, str] = {}
+        pending = []
+        for h in handles:
+            self._reap(h)
+        groups = live_groups()
+        for h in handles:
+            if not self._ours(h) or not group_alive(h.pid, groups):
+                out[h] = STOP_GONE
+            else:
+                _signal_group(h.pid, signal.SIGTERM)
+                _signal_group(h.pid, signal.SIGCONT)
+                pending.append(h)
+        deadline = time.monotonic() + grace_s
+        while pending:
+            for h in pending:
+                self._reap(h)
+            groups = live_groups()
+            for h in list(pending):
+                if not group_alive(h.pid, groups):
+                    out[h] = STOP_TERM
+                    pending.remove(h)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+        for h in pending:
+            self.kill(h)
+            out[h] = STOP_KILL
+        return out
+
+    def kill(self, handle: Handle) -> None:
+        if not self._ours(handle):
+            return
+        _signal_group(handle.pid, signal.SIGKILL)
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while True:
+            self._reap(handle)
+            if not group_alive(handle.pid) or time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+        proc = self._proc(handle)
+        if proc is not None:
+            try:
+                proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._reap(handle)
+
+    def tail(self, handle: Handle, lines: int = 20) -> list[str]:
+        return tail_file(handle.log_path, lines)
+
+
+def tail_file(path: str, lines: int, block: int = 8192) -> list[str]:
+    """The last `lines` lines of a file, reading only its end."""
+    if lines <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            pos, data = f.tell(), b""
+            while pos > 0 and data.count(b"\n") <= lines:
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + data
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        return []
+    text = data.decode("utf-8", "replace")
+    return list(deque(text.splitlines(), maxlen=lines))
