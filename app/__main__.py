@@ -120,7 +120,7 @@ def live_harvester(args) -> LiveHarvester:
     else:
         from core.dispatchers.workers import make_worker_dispatcher
         dispatcher = make_worker_dispatcher(args.dispatch, specs, args.db,
-                                            report_url=f"http://{args.host}:{args.port}/api/workers/report")
+                                            report_url=f"http://{args.host}:{args.port}/api/workers")
     return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
                          require_command=args.dispatch != "simulated")
 

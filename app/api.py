@@ -11,6 +11,7 @@ model as the web form.
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
     POST   /api/replay/<pause|resume|speed>    staff only
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
+    POST   /api/workers/<job>/report           a job's workers, with the job's own token
 """
 from __future__ import annotations
 
@@ -172,6 +173,17 @@ def register(server: flask.Flask) -> None:
         except RuntimeError as e:
             return _err(503, str(e))
         return jsonify({"status": h.snapshot.status, "speed": h.speed})
+
+    @bp.post("/workers/<job_id>/report")
+    def worker_report(job_id):
+        """Progress from a job's workers, authenticated by the job's own token (not a user's)."""
+        book = getattr(getattr(context.harvester, "dispatcher", None), "book", None)
+        if book is None:
+            return _err(404, "this server runs no workers")
+        status = book.accept_http(job_id, request.headers.get("Authorization"), request.get_data())
+        if status == 204:
+            return "", 204
+        return _err(status, "refused: wrong job token" if status == 401 else "send a JSON object")
 
     @bp.post("/nodes/<node>/<command>")
     def node(node, command):
