@@ -221,12 +221,14 @@ class WorkerDispatcher(Dispatcher):
 
     def _retire(self, run: _Run, node: str, grace_s: float, wait_exit_s: float, lost: bool = False) -> None:
         """Get the worker on `node` out: give it `wait_exit_s` to exit on its own (after a
-        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps it."""
+        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps it. A lost node is
+        reported to the coordinator at once (before a new worker may start on it: the
+        coordinator knows workers by node name)."""
         handle = run.handles.pop(node, None)
         run.leaving.add(node)
+        if lost:
+            run.coord.node_lost(node)
         if handle is None:
-            if lost:
-                run.coord.node_lost(node)
             return
 
         def retire() -> None:
@@ -237,8 +239,10 @@ class WorkerDispatcher(Dispatcher):
             except TransportError:
                 pass
             result = self._stop_handle(handle, grace_s)
-            if lost or result == "kill":
-                run.coord.node_lost(node)
+            with self._lock:
+                newer = node in run.handles or node in run.target
+            if result == "kill" and not lost and not newer:
+                run.coord.node_lost(node)     # it did not leave by itself: regroup without it
         self._pool.submit(retire)
 
     def _stop_handle(self, handle: Handle, grace_s: float) -> str:

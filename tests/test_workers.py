@@ -1,0 +1,114 @@
+"""Real elastic PyTorch workers under the live harvester, dispatched as local processes: a job
+starts on 2 nodes, grows to 3, is vacated down to 1 by its source (within 2 s), grows again,
+loses a worker to SIGKILL, and finishes with exactly its total samples; nothing is left behind."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.controller import ControllerConfig
+from core.dispatchers.workers import WorkerDispatcher
+from core.inventory import local_nodes
+from core.schemas import JobSpec
+from core.service import LiveHarvester
+from core.sources.static import StaticSource
+from core.transports.local import LocalTransport
+from tests.conftest import ROOT
+
+GLOBAL_BATCH = 64
+TOTAL = GLOBAL_BATCH * 800
+
+
+def wait(cond, timeout, what, diag=None):
+    t0 = time.monotonic()
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" +
+                                 (f"; {diag()}" if diag else ""))
+        time.sleep(0.05)
+
+
+def leftovers(job_id: str) -> list[int]:
+    """Live processes whose environment names this job (every worker gets HARVEST_JOB)."""
+    out = []
+    marker = f"HARVEST_JOB={job_id}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in env and state != "Z":
+            out.append(int(pid))
+    return out
+
+
+@pytest.fixture
+def live(tmp_path):
+    specs = local_nodes(4)
+    names = [s.name for s in specs]
+    source = StaticSource(names)
+    dispatcher = WorkerDispatcher(LocalTransport(), specs, tmp_path / "workers", rejoin_after_s=2.0)
+    h = LiveHarvester(tmp_path / "live.db", source, dispatcher, ControllerConfig(tfwd=60), tick_s=0.1,
+                      require_command=True)
+    for n in names[2:]:
+        source.reclaim(n, time.time())
+    source.poll(time.time())
+    h.open()
+    yield h, names
+    h.close()
+
+
+def test_grow_shrink_vacate_kill_and_finish_exactly(live):
+    h, names = live
+    spec = JobSpec(name="digits", min_nodes=1, max_nodes=3, total_samples=TOTAL, curve="1:100, 3:300",
+                   scale_up_seconds=0, scale_down_seconds=0, global_batch=GLOBAL_BATCH,
+                   command=[sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "1",
+                            "--log-every", "1000000"])
+    job = h.submit(spec, "alice")
+    d = h.dispatcher
+    st = lambda: d.status(job.id) or {}
+    world = lambda n: (lambda: st().get("world_size") == n and not st().get("regrouping"))
+    wait(world(2), 60, "the job on 2 nodes")
+    first_loss = wait(lambda: st().get("loss"), 30, "a first loss")
+    h.source.release(names[2], time.time())
+    wait(world(3), 60, "growth to 3")
+    t0 = time.monotonic()
+    h.source.reclaim(names[0], time.time())
+    h.source.reclaim(names[1], time.time())
+    wait(world(1), 30, "vacated down to 1")
+    wait(lambda: not any(n in d._runs[job.id].handles for n in names[:2]), 10, "workers gone")
+    vacate_s = time.monotonic() - t0
+    assert vacate_s < 2.0 + 1.0, f"vacating took {vacate_s:.2f} s"
+    for n in names[:2]:
+        h.source.release(n, time.time())
+    wait(world(3), 60, "growth back to 3")
+    mid_loss = st().get("loss")
+    victim = d._runs[job.id].handles[names[1]]
+    d.transport.kill(victim)
+    wait(lambda: names[1] in st().get("lost", []), 10, "the killed worker seen as lost")
+    losses = []
+
+    def finished():
+        loss = st().get("loss")
+        if loss is not None:
+            losses.append(loss)
+        return h.snapshot.job(job.id)["state"] == "done"
+    wait(finished, 240, "the job to finish",
+         lambda: (h.snapshot.job(job.id), st(), d.generations(job.id)[-3:] if hasattr(d, "generations") else None))
+    final = h.controller.job(job.id)
+    assert final.samples_done == TOTAL, "every sample exactly once"
+    assert mid_loss < first_loss and min(losses[-20:]) < 0.5 * first_loss, (first_loss, mid_loss, losses[-20:])
+    reasons = [r[0] for r in h.controller.store.db.execute(
+        "select reason from allocations where job = ? order by id", (job.id,))]
+    assert reasons[0] == "start" and "grow" in reasons and "preempted" in reasons, reasons
+    wait(lambda: not leftovers(job.id), 15, "every worker process to be gone")
