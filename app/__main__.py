@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--dispatch", choices=("simulated", "local", "ssh"),
                       help="run jobs live: simulated progress, local processes, or over ssh")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
+    live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
+    live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
     return ap
@@ -120,7 +122,9 @@ def live_harvester(args) -> LiveHarvester:
     else:
         from core.dispatchers.workers import make_worker_dispatcher
         dispatcher = make_worker_dispatcher(args.dispatch, specs, args.db,
-                                            report_url=f"http://{args.host}:{args.port}/api/workers")
+                                            report_url=f"http://{args.host}:{args.port}/api/workers",
+                                            ssh_config=str(args.ssh_config) if args.ssh_config else None,
+                                            workdir=args.workdir)
     return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
                          require_command=args.dispatch != "simulated")
 

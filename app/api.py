@@ -97,6 +97,11 @@ def register(server: flask.Flask) -> None:
         body = _job_json(info)
         body["curve"] = job.curve.to_dict()
         body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
+        status = getattr(h.dispatcher, "status", None) if hasattr(h, "dispatcher") else None
+        st = status(job_id) if status else None
+        if st:
+            body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
+                                                     "committed_step", "loss", "lost", "last_rescale")}
         body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
                           snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
                           snap.config.get("tfwd", 10.0), snap.config.get("policy", ""))

@@ -24,7 +24,7 @@ from core.errors import InputError
 from core.inventory import load_inventory, local_nodes, parse_inventory
 from core.transports import (STOP_GONE, STOP_KILL, STOP_LOST, STOP_TERM, Handle, LocalTransport,
                              NodeSpec, SshTransport, StartError, Transport, TransportError)
-from tests.sshd import SshdServer, sshd_server  # noqa: F401 - the fixture
+from tests.sshd import SshdServer
 
 WORKER = r"""
 import json, os, signal, subprocess, sys, time

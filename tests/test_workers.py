@@ -20,7 +20,7 @@ from core.transports.local import LocalTransport
 from tests.conftest import ROOT
 
 GLOBAL_BATCH = 64
-TOTAL = GLOBAL_BATCH * 800
+TOTAL = GLOBAL_BATCH * 1200
 
 
 def wait(cond, timeout, what, diag=None):
@@ -73,7 +73,7 @@ def test_grow_shrink_vacate_kill_and_finish_exactly(live):
     spec = JobSpec(name="digits", min_nodes=1, max_nodes=3, total_samples=TOTAL, curve="1:100, 3:300",
                    scale_up_seconds=0, scale_down_seconds=0, global_batch=GLOBAL_BATCH,
                    command=[sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "1",
-                            "--log-every", "1000000"])
+                            "--log-every", "1000000", "--step-seconds", "0.03"])
     job = h.submit(spec, "alice")
     d = h.dispatcher
     st = lambda: d.status(job.id) or {}
@@ -92,7 +92,7 @@ def test_grow_shrink_vacate_kill_and_finish_exactly(live):
     for n in names[:2]:
         h.source.release(n, time.time())
     wait(world(3), 60, "growth back to 3")
-    mid_loss = st().get("loss")
+    mid_loss = wait(lambda: st().get("loss"), 30, "a loss at 3 nodes")
     victim = d._runs[job.id].handles[names[1]]
     d.transport.kill(victim)
     wait(lambda: names[1] in st().get("lost", []), 10, "the killed worker seen as lost")

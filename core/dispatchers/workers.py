@@ -43,6 +43,7 @@ class _Run:
     target: list[str] = field(default_factory=list)
     handles: dict[str, Handle] = field(default_factory=dict)
     leaving: set[str] = field(default_factory=set)
+    incarnation: dict[str, int] = field(default_factory=dict)   # node -> its current worker's
     crashes: int = 0
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
@@ -91,7 +92,7 @@ class WorkerDispatcher(Dispatcher):
             survivors = [n for n in want if n in old]
             run.coord.regroup(survivors + [n for n in want if n not in survivors])
             for n in removed:
-                run.coord.dismiss(n)
+                run.coord.dismiss(n, incarnation=run.incarnation.get(n))
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=self.pg_timeout_s + 5)
 
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
@@ -113,7 +114,7 @@ class WorkerDispatcher(Dispatcher):
         st = run.coord.status()
         job.samples_done = max(job.samples_done, float(st["samples_done"]))
         run.ended = True
-        run.coord.close()
+        run.coord.close(wait=False)
         self.book.revoke(job.id)
         for n in list(run.handles):
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
@@ -165,7 +166,7 @@ class WorkerDispatcher(Dispatcher):
             runs = list(self._runs.values())
             self._runs.clear()
         for run in runs:
-            run.coord.close()
+            run.coord.close(wait=False)
             for n in list(run.handles):
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
         self._pool.shutdown(wait=True)
@@ -180,7 +181,7 @@ class WorkerDispatcher(Dispatcher):
             token = secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
             ckpt = self.logdir / job.id / "checkpoint"
-            extra = {ENV_CHECKPOINT_DIR: str(ckpt)}
+            extra = {ENV_CHECKPOINT_DIR: str(ckpt), "OMP_NUM_THREADS": "1"}
             if self.pythonpath:
                 extra["PYTHONPATH"] = self.pythonpath
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
@@ -195,6 +196,7 @@ class WorkerDispatcher(Dispatcher):
         if spec is None:
             raise ValueError(f"node {node} is not in the inventory")
         env = run.coord.worker_env(node)
+        run.incarnation[node] = int(env.get("HARVEST_INCARNATION", "0"))
         log_path = str(self.logdir / run.job.id / f"{node}-{env.get('HARVEST_INCARNATION', '0')}.log")
         argv = list(run.job.command)
         run.leaving.discard(node)
@@ -226,8 +228,9 @@ class WorkerDispatcher(Dispatcher):
         coordinator knows workers by node name)."""
         handle = run.handles.pop(node, None)
         run.leaving.add(node)
+        inc = run.incarnation.get(node)
         if lost:
-            run.coord.node_lost(node)
+            run.coord.node_lost(node, incarnation=inc)
         if handle is None:
             return
 
@@ -242,7 +245,7 @@ class WorkerDispatcher(Dispatcher):
             with self._lock:
                 newer = node in run.handles or node in run.target
             if result == "kill" and not lost and not newer:
-                run.coord.node_lost(node)     # it did not leave by itself: regroup without it
+                run.coord.node_lost(node, incarnation=inc)   # it did not leave by itself
         self._pool.submit(retire)
 
     def _stop_handle(self, handle: Handle, grace_s: float) -> str:
@@ -275,7 +278,7 @@ class WorkerDispatcher(Dispatcher):
             self._checking = False
 
     def _lost(self, run: _Run, node: str, detail: str, tail: Optional[list[str]] = None) -> None:
-        run.coord.node_lost(node)
+        run.coord.node_lost(node, incarnation=run.incarnation.get(node))
         with self._lock:
             run.crashes += 1
             run.last_tail = tail or run.last_tail

@@ -1,0 +1,117 @@
+"""What a JobCoordinator (controller side) and its workers (`core.runtime.elastic`) say to each other.
+
+Transport: one `torch.distributed.TCPStore` per job, owned (served) by the coordinator. Every value
+is UTF-8 JSON. Workers are named by node; a node can host several worker processes over a job's
+life (a restart after a crash), so each `worker_env()` call hands out a new *incarnation* number and
+per-worker keys carry both. No key is ever waited on with an expiring timeout (TCPStore's
+`wait(keys, timeout)` stalls for the store timeout after it expires): readers either poll with
+`check()` (~10 us on the controller's own store) or block in `wait()` until the key appears.
+
+Keys
+  meta                        job parameters, written once by the coordinator (see `meta()`)
+  cmd/<node>/<inc>/<k>        k-th command (k = 0, 1, ...) to one worker; written by the coordinator,
+                              read in order by the worker's watcher thread (a blocking wait, so a
+                              command reaches the worker in one round trip):
+                                {"op": "run", "gen": G, "rank": r, "world": W, "members": [...]}
+                                {"op": "stop", "gen": G}   stop generation G at the next step boundary
+                                {"op": "exit"}             leave the group (if in one) and exit 0
+  evn                         event counter (workers `add` 1, then write ev/<n>)
+  ev/<n>                      n-th worker event, n = 1, 2, ... (the coordinator reads then deletes it)
+  hb/<node>/<inc>             heartbeat counter, bumped every HEARTBEAT_S by a worker thread
+  progress                    latest progress of the running generation, written ~5x/s by its rank 0
+  gen<G>/...                  process group of generation G (PrefixStore: gloo/nccl rendezvous)
+
+Worker events (field "ev"; every event also has node, inc, pid, t = worker wall time)
+  hello       connected to the store (torch imported)
+  ready       model built, waiting for an assignment           {step}
+  synced      group of generation G initialised, state synced  {gen, rank, step, src, steps, checksum}
+  first_step  rank 0 committed its first step in generation G  {gen, step}
+  stopped     left generation G at a step boundary             {gen, step, reason, checksum, error}
+              reason: "stop" (asked), "finished" (all steps done), "failed" (a collective failed:
+              parameters are at the last committed step), "leaving" (this worker exits next)
+  exit        the worker process is exiting                    {reason}
+
+Stop agreement: at every step boundary each rank all_reduces (SUM) a two-element tensor
+[stop asked for this generation, this rank is leaving]; any non-zero stops every rank before the
+same step, so the group always stops on a step that every rank committed.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# environment of a worker process (what JobCoordinator.worker_env returns)
+ENV_STORE = "HARVEST_STORE"                  # "host:port" of the job's TCPStore
+ENV_JOB = "HARVEST_JOB"
+ENV_NODE = "HARVEST_NODE"
+ENV_INCARNATION = "HARVEST_INCARNATION"
+ENV_TOKEN = "HARVEST_TOKEN"                  # per-job bearer token for progress reports
+ENV_REPORT_URL = "HARVEST_REPORT_URL"         # optional: POST JSON progress reports here
+ENV_REPORT_INTERVAL = "HARVEST_REPORT_INTERVAL"
+ENV_GLOBAL_BATCH = "HARVEST_GLOBAL_BATCH"
+ENV_TOTAL_SAMPLES = "HARVEST_TOTAL_SAMPLES"
+ENV_PG_TIMEOUT = "HARVEST_PG_TIMEOUT"
+ENV_CHECKSUMS = "HARVEST_CHECKSUMS"          # "1": hash parameters at every sync and stop
+ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"  # default checkpoint dir (the script's argument wins)
+
+META = "meta"
+EVENT_COUNTER = "evn"
+PROGRESS = "progress"
+
+HEARTBEAT_S = 1.0           # worker heartbeat period
+PROGRESS_S = 0.2            # rank 0 progress key period
+
+EV_HELLO = "hello"
+EV_READY = "ready"
+EV_SYNCED = "synced"
+EV_FIRST_STEP = "first_step"
+EV_STOPPED = "stopped"
+EV_EXIT = "exit"
+
+OP_RUN = "run"
+OP_STOP = "stop"
+OP_EXIT = "exit"
+
+STOP_ASKED = "stop"
+STOP_FINISHED = "finished"
+STOP_FAILED = "failed"
+STOP_LEAVING = "leaving"
+
+
+def cmd_key(node: str, incarnation: int, k: int) -> str:
+    return f"cmd/{node}/{incarnation}/{k}"
+
+
+def event_key(n: int) -> str:
+    return f"ev/{n}"
+
+
+def heartbeat_key(node: str, incarnation: int) -> str:
+    return f"hb/{node}/{incarnation}"
+
+
+def group_prefix(gen: int) -> str:
+    return f"gen{gen}"
+
+
+def total_steps(total_samples: int, global_batch: int) -> int:
+    """Steps to process `total_samples`; the last step is partial when they do not divide."""
+    return -(-int(total_samples) // int(global_batch))
+
+
+def batch_of_step(step: int, total_samples: int, global_batch: int) -> int:
+    """Samples in the global batch of `step` (global_batch except maybe the last step)."""
+    return max(0, min(global_batch, total_samples - step * global_batch))
+
+
+def samples_after(steps: int, total_samples: int, global_batch: int) -> int:
+    """Samples processed once `steps` steps are committed (exact)."""
+    return min(int(total_samples), int(steps) * int(global_batch))
+
+
+def encode(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def decode(raw: bytes | str) -> Any:
+    return json.loads(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)

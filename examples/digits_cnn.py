@@ -1,0 +1,91 @@
+"""Example elastic job: a small CNN learning the generated 16x16 digits (examples/data.py).
+
+Under the controller every node runs this same command with the coordinator's environment;
+alone (no HARVEST_* environment) it trains on this machine, world size 1:
+
+    python examples/digits_cnn.py --total-samples 12800 --global-batch 64
+
+Rank 0 prints JSON lines: {"step", "loss", ...} every --log-every steps and, at the end,
+{"final": true, "test_accuracy": ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:          # run as a script from anywhere: core/ and examples/
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from core.runtime import elastic  # noqa: E402
+from examples.data import make_digits  # noqa: E402
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),     # 16 x 8 x 8
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),    # 32 x 4 x 4
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    correct = sum(int((model(x[i:i + 500]).argmax(1) == y[i:i + 500]).sum())
+                  for i in range(0, len(x), 500))
+    model.train()
+    return correct / len(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--total-samples", type=int, default=64_000)
+    ap.add_argument("--global-batch", type=int, default=64)
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=50, help="steps")
+    ap.add_argument("--step-seconds", type=float, default=0.0,
+                    help="make each step last at least this long (a stand-in for a bigger model in demos and tests)")
+    args = ap.parse_args(argv)
+
+    job = elastic.init(args.global_batch, args.total_samples, checkpoint_dir=args.checkpoint_dir,
+                       checkpoint_every_s=args.checkpoint_every, seed=args.seed)
+    torch.manual_seed(args.seed)
+    x_train, y_train, x_test, y_test = (torch.from_numpy(a) for a in make_digits(seed=args.seed))
+    model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    job.attach(model, opt, dataset_size=len(x_train))
+
+    t0 = time.monotonic()
+    for step in job.steps():
+        t_step = time.monotonic()
+        idx = job.shard(step)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = F.cross_entropy(job.model(x_train[idx]), y_train[idx], reduction="sum")
+        (loss_sum * job.loss_weight(step)).backward()
+        opt.step()
+        loss = loss_sum.item() / max(1, len(idx))
+        if args.step_seconds:
+            time.sleep(max(0.0, args.step_seconds - (time.monotonic() - t_step)))
+        job.done_step(loss=loss)
+        if job.rank == 0 and step % args.log_every == 0:
+            print(json.dumps({"step": step, "gen": job.generation, "world": job.world_size,
+                              "loss": round(loss, 4)}), flush=True)
+    if job.rank == 0:
+        print(json.dumps({"final": True, "step": job.step, "samples": job.samples_done,
+                          "test_accuracy": accuracy(model, x_test, y_test),
+                          "seconds": round(time.monotonic() - t0, 2)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
