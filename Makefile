@@ -33,6 +33,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.allocator
 	$(PY) -m bench.replay
 	$(PY) -m bench.dashboard
+	$(PY) -m bench.rescale
 
 clean:
 	rm -rf $(VENV) .pytest_cache

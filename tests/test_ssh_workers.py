@@ -95,6 +95,8 @@ def test_a_job_grows_shrinks_loses_a_node_and_finishes_over_ssh(app, sshd_server
     os.kill(victim, signal.SIGKILL)
     wait(lambda: NODES[1] in (workers().get("lost") or []) or workers().get("world_size", 3) < 3, 15,
          "the killed worker noticed", workers)
+    refused = app.request("POST", f"/api/workers/{jid}/report", {"step": 1, "samples": 64}, token="not-the-job-token")
+    assert refused[0] == 401, refused
     wait(lambda: get()["state"] == "done", 300, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final

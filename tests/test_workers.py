@@ -112,3 +112,17 @@ def test_grow_shrink_vacate_kill_and_finish_exactly(live):
         "select reason from allocations where job = ? order by id", (job.id,))]
     assert reasons[0] == "start" and "grow" in reasons and "preempted" in reasons, reasons
     wait(lambda: not leftovers(job.id), 15, "every worker process to be gone")
+
+
+def test_a_job_whose_workers_keep_crashing_fails_with_its_log(live):
+    h, names = live
+    spec = JobSpec(name="broken", min_nodes=1, max_nodes=2, total_samples=6400, curve="1:100, 2:200",
+                   global_batch=64, command=[sys.executable, "-c",
+                                             "import sys; print('boom: no such dataset'); sys.exit(1)"])
+    job = h.submit(spec, "alice")
+    wait(lambda: h.snapshot.job(job.id)["state"] == "failed", 60, "the job to fail")
+    h.controller.flush()
+    detail = h.controller.store.db.execute(
+        "select detail from events where job = ? and kind = 'job_failed'", (job.id,)).fetchone()
+    assert detail and "boom: no such dataset" in detail[0], detail
+    wait(lambda: not leftovers(job.id), 10, "no worker left")
