@@ -34,6 +34,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.replay
 	$(PY) -m bench.dashboard
 	$(PY) -m bench.rescale
+	$(PY) -m bench.vacate
 
 clean:
 	rm -rf $(VENV) .pytest_cache
