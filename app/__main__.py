@@ -18,7 +18,8 @@ from typing import Optional
 from core.controller import QUEUE_ORDERS, ControllerConfig
 from core.errors import InputError
 from core.policies import POLICIES
-from core.replay import DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
+from core.jpa import JPAConfig
+from core.replay import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.service import Harvester, LiveHarvester
 from core.sources.static import StaticSource
@@ -27,7 +28,7 @@ from .auth import Users
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
-                 "max_jobs", "queue", "speed")
+                 "max_jobs", "queue", "speed", "curves", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,12 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-jobs", type=int)
     g.add_argument("--queue", choices=QUEUE_ORDERS)
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
+    g.add_argument("--curves", choices=CURVES,
+                   help="what the allocator is told of each job's curve: given (default), linear (the usual "
+                        "user guess), learned (hidden: the profiler learns it)")
+    g.add_argument("--seed", type=int, help="--curves learned: measurement noise seed (default 0)")
     live = ap.add_argument_group("live mode (instead of a replay)")
     live.add_argument("--dispatch", choices=("simulated", "local", "ssh"),
                       help="run jobs live: simulated progress, local processes, or over ssh")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
     live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
     live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
+    live.add_argument("--profile-sizes", type=int, default=3,
+                      help="live: sizes the profiler measures each new job at, whatever it costs (default 3; "
+                           "0: only where learning pays)")
+    live.add_argument("--no-profiler", action="store_true",
+                      help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
     return ap
@@ -95,7 +105,8 @@ def scenario(args) -> tuple[ReplaySettings, float]:
         raise ValueError("--hours must be positive")
     settings = ReplaySettings(Path(s["trace"]), Path(s["jobs"]),
                               Path(s["node_list"]) if s.get("node_list") else None, s.get("nodes"),
-                              s.get("racks"), s.get("start"), float(hours) if hours else None, 0.0, config)
+                              s.get("racks"), s.get("start"), float(hours) if hours else None, 0.0, config,
+                              s.get("curves", "given"), seed=int(s.get("seed", 0)))
     return settings, float(s["speed"])
 
 
@@ -125,8 +136,19 @@ def live_harvester(args) -> LiveHarvester:
                                             report_url=f"http://{args.host}:{args.port}/api/workers",
                                             ssh_config=str(args.ssh_config) if args.ssh_config else None,
                                             workdir=args.workdir)
+    real = args.dispatch != "simulated"
+    if args.profile_sizes < 0:
+        raise ValueError("--profile-sizes must be 0 or more")
+    jpa = None if (args.no_profiler or not real) else live_profiler(args.profile_sizes)
     return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
-                         require_command=args.dispatch != "simulated")
+                         require_command=real, jpa=jpa)
+
+
+def live_profiler(sizes: int) -> JPAConfig:
+    """The profiler on real workers: samples are 5 s of steps (noisier than the replay's 30 s
+    windows), rescale costs are measured (a regroup is ~0.1 s here, so probes are cheap), and
+    each new job is measured at `sizes` sizes early on for its curve."""
+    return JPAConfig(sample_s=5.0, noise=0.05, min_sizes=sizes)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

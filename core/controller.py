@@ -17,12 +17,16 @@ from typing import Optional, Sequence
 from .allocator import Plan, allocate
 from .clock import Clock
 from .dispatchers.base import Dispatcher
-from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
+from .jpa import JPA, Probe
+from .model import (EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState,
+                    PauseSample, RateSample)
 from .objective import OBJECTIVES, JobRequest, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .store import Batch, Store, job_row
 
 QUEUE_ORDERS = ("fcfs", "priority")
+#: what a forced probe adds to its size's value: more than any plan's objective can be
+PROBE_BONUS = 1e12
 
 
 @dataclass
@@ -57,6 +61,9 @@ class Counters:
     preemptions: int = 0
     jobs_submitted: int = 0
     jobs_finished: int = 0
+    probes: int = 0               # sizes the advisor forced to learn them
+    tries: int = 0                # untried sizes the allocator chose on the advisor's fit
+    samples: int = 0
     offered_node_s: float = 0.0
     used_node_s: float = 0.0
     by_kind: dict[str, int] = field(default_factory=dict)
@@ -80,8 +87,10 @@ class StepResult:
 class Controller:
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
-                 timeline_every: float = 60.0) -> None:
+                 timeline_every: float = 60.0, advisor: Optional[JPA] = None) -> None:
         self.config = config or ControllerConfig()
+        self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
+        self._news: set[str] = set()              # jobs with a first sample at a size this step
         self.policy = make_policy(self.config.policy, self.config.solver)
         self.dispatcher = dispatcher
         self.clock = clock
@@ -166,7 +175,8 @@ class Controller:
             now = self.clock.now()
             batch = sorted([*self._inbox, *events], key=lambda e: EVENT_PRIORITY[e.kind])
             self._inbox.clear()
-            if not batch and not force:
+            samples = self.dispatcher.samples(now) if self.advisor is not None else []
+            if not batch and not samples and not force:
                 return None
             self._account(now)
             self.counters.steps += 1
@@ -200,11 +210,19 @@ class Controller:
                     changed = True
             if lost:
                 self._vacate(lost, now)
+            probes: dict[str, Probe] = {}
+            if self.advisor is not None:
+                measured = self._learn(samples, now) if samples else set()
+                changed |= bool(self._news)
+                self._news.clear()
+                probes = self.advisor.wanted_probes(now, self._remaining(now), measured,
+                                                    room=len(self.idle) - len(self.owner), tfwd=self.config.tfwd)
+                changed |= bool(probes)
             changed |= self._admit(now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
             if changed and self.running and not self.frozen:
-                self._solve(now, result)
+                self._solve(now, result, probes)
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
@@ -212,6 +230,32 @@ class Controller:
             if self._timeline_t is None or now - self._timeline_t >= self.timeline_every:
                 self._timeline_point(now, result.samples_per_second)
             return result
+
+    def _learn(self, samples: list, now: float) -> set[str]:
+        """Hand measurements to the advisor and the store. Returns the jobs that got a
+        throughput sample; those whose sample was the first at a size are news (`_news`)."""
+        assert self.advisor is not None
+        measured: set[str] = set()
+        for smp in samples:
+            if isinstance(smp, RateSample):
+                row = {"time": smp.time, "job": smp.job, "kind": "rate", "nodes": smp.nodes, "value": smp.rate,
+                       "seconds": smp.seconds}
+                measured.add(smp.job)
+            elif isinstance(smp, PauseSample):
+                row = {"time": smp.time, "job": smp.job, "kind": smp.kind, "nodes": None, "value": smp.seconds,
+                       "seconds": None}
+            else:
+                continue
+            self._batch.samples.append(row)
+            self.counters.samples += 1
+            if self.advisor.observe(smp):
+                self._news.add(smp.job)
+        return measured
+
+    def _remaining(self, now: float) -> dict[str, float]:
+        """Samples each running job has still to process (what a probe's gain is spread over)."""
+        return {jid: max(0.0, self.jobs[jid].total_samples - self.dispatcher.progress(self.jobs[jid], now))
+                for jid in self.running}
 
     def _timeline_point(self, now: float, rate: Optional[float] = None) -> None:
         if rate is None:
@@ -252,6 +296,8 @@ class Controller:
             after = [n for n in before if n not in gone]
             self.held[jid] = after
             self.dispatcher.vacate(job, nodes, now)
+            if self.advisor is not None:
+                self.advisor.ran(jid, len(after), now)
             self.counters.preemptions += len(nodes)
             if after:
                 self.rescaling_until[jid] = now + job.scale_down_seconds
@@ -286,6 +332,8 @@ class Controller:
         self._release(job)
         self.running.pop(job.id, None)
         self.rescaling_until.pop(job.id, None)
+        if self.advisor is not None:
+            self.advisor.ran(job.id, 0, now)
         if before:
             self._record_change(job, before, [], now, state.value)
         if state is JobState.DONE:
@@ -299,6 +347,9 @@ class Controller:
             return False
         job.state = JobState.QUEUED
         self.jobs[job.id] = job
+        if self.advisor is not None:
+            self.advisor.register(job)
+            self._believe(job)
         self.counters.jobs_submitted += 1
         self.n_queued += 1
         self._push_queue(job)
@@ -325,13 +376,34 @@ class Controller:
             admitted = True
         return admitted
 
-    def _solve(self, now: float, result: StepResult) -> None:
+    def _believe(self, job: Job) -> JobRequest:
+        """The job as the allocator sees it: its own curve and costs, or the advisor's belief
+        (which also becomes `job.curve`, the curve the dashboard shows as in use)."""
+        held = tuple(self.held.get(job.id, ()))
+        if self.advisor is None or not self.advisor.known(job.id):
+            return JobRequest(job.id, job.min_nodes, job.max_nodes, job.curve, job.scale_up_seconds,
+                              job.scale_down_seconds, held, job.priority)
+        b = self.advisor.belief(job.id)
+        job.curve = b.curve
+        return JobRequest(job.id, job.min_nodes, max(job.min_nodes, b.max_nodes), b.curve,
+                          b.scale_up_seconds, b.scale_down_seconds, held, job.priority)
+
+    def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
-        reqs = [JobRequest(j.id, j.min_nodes, j.max_nodes, j.curve, j.scale_up_seconds,
-                           j.scale_down_seconds, tuple(self.held.get(j.id, ())), j.priority)
-                for j in jobs]
+        reqs = [self._believe(j) for j in jobs]
+        forced: dict[str, int] = {}
+        room = len(self.idle) - len(self.owner)           # a probe grows into free nodes only
+        for i, r in enumerate(reqs):
+            probe = (probes or {}).get(r.id)
+            if probe is not None and probe.size - r.current <= room:
+                reqs[i] = JobRequest(r.id, probe.size, probe.size, r.curve, r.scale_up_seconds,
+                                     r.scale_down_seconds, r.current_nodes, r.priority, PROBE_BONUS)
+                forced[r.id] = probe.size
+                room -= max(0, probe.size - r.current)
         problem = Problem(list(self.idle), reqs, self.config.tfwd, self.config.objective)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
+        if forced:
+            plan.objective -= PROBE_BONUS * sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
         self.last_plan = plan
         self.counters.solves += 1
         self.solve_ms.append(plan.solve_ms)
@@ -345,6 +417,14 @@ class Controller:
             after = plan.assignment.get(job.id, [])
             if len(after) == len(before):
                 continue  # no migration: same size means same nodes
+            if self.advisor is not None:
+                why = self.advisor.ran(job.id, len(after), now)
+                if why:
+                    if forced.get(job.id) == len(after):
+                        self.counters.probes += 1
+                    else:
+                        self.counters.tries += 1
+                    self._log(Event(now, EventKind.PROBE, job=job.id, detail=why))
             self.dispatcher.resize(job, after, now)
             self.held[job.id] = list(after)
             had, has = set(before), set(after)
@@ -404,10 +484,13 @@ class Controller:
 
     @classmethod
     def restore(cls, store: Store, dispatcher: Dispatcher, clock: Clock,
-                config: Optional[ControllerConfig] = None, node_names: Sequence[str] = ()) -> "Controller":
-        """Rebuild a controller from its store: jobs, their progress and nodes, queue, counters."""
+                config: Optional[ControllerConfig] = None, node_names: Sequence[str] = (),
+                advisor: Optional[JPA] = None) -> "Controller":
+        """Rebuild a controller from its store: jobs, their progress and nodes, queue, counters,
+        and what the advisor had learned (its samples are replayed into it)."""
         saved = store.meta("config")
-        ctl = cls(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store, node_names)
+        ctl = cls(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store, node_names,
+                  advisor=advisor)
         now = clock.now()
         ctl._t_acc = now
         ctl.idle = store.idle_nodes()
@@ -420,11 +503,20 @@ class Controller:
         order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
         for job, nodes in rows:
             ctl.jobs[job.id] = job
+            if advisor is not None:
+                advisor.register(job)
+        if advisor is not None:
+            for t, jid, kind, n, value, secs in store.db.execute(
+                    "select time, job, kind, nodes, value, seconds from samples order by id"):
+                advisor.observe(RateSample(t, jid, n, value, secs or 0.0) if kind == "rate"
+                                else PauseSample(t, jid, kind, value))
         for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
             if job.state is JobState.RUNNING:
                 ctl.running[job.id] = None
                 ctl.held[job.id] = [n for n in nodes if ctl.owner.get(n) == job.id]
                 dispatcher.resize(job, ctl.held[job.id], now)
+                if advisor is not None:
+                    advisor.ran(job.id, len(ctl.held[job.id]), now)
         for job, _ in rows:
             if job.state is JobState.QUEUED:
                 ctl._push_queue(job)

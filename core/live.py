@@ -93,7 +93,7 @@ class LiveRunner:
             try:
                 now = ctl.clock.now()
                 events = self.source.poll(now) + ctl.dispatcher.poll(now)
-                if events or ctl.pending:
+                if events or ctl.pending or ctl.advisor is not None:   # the advisor takes samples
                     ctl.step(events)
                 if time.monotonic() - self._last_flush >= self.flush_s:
                     ctl.flush()

@@ -39,6 +39,7 @@ class EventKind(str, enum.Enum):
     JOB_DONE = "job_done"
     JOB_FAILED = "job_failed"
     TICK = "tick"
+    PROBE = "probe"          # the advisor tries a size it has no sample at (logged, not handled)
 
 
 #: order in which the controller handles events of one batch: a leave is always first.
@@ -50,6 +51,7 @@ EVENT_PRIORITY = {
     EventKind.NODE_JOIN: 4,
     EventKind.JOB_SUBMIT: 5,
     EventKind.TICK: 6,
+    EventKind.PROBE: 7,
 }
 
 
@@ -114,6 +116,7 @@ class Job:
     true_curve: Optional[Curve] = None  # simulation only: how the job really scales
     command: tuple[str, ...] = ()       # real workers: the training script's argv on each node
     global_batch: int = 0               # real workers: samples per step, whatever the world size
+    given_curve: Optional[Curve] = None  # the user's curve as given (None: learn it from scratch)
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
@@ -129,6 +132,28 @@ class Event:
     node: Optional[str] = None
     job: Optional[str] = None
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class RateSample:
+    """Throughput measured while a job ran at `nodes` (samples/s) over the `seconds` before
+    `time`: what the profiler learns from (a longer window is a surer sample)."""
+
+    time: float
+    job: str
+    nodes: int
+    rate: float
+    seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class PauseSample:
+    """Seconds of training lost in one rescale (`kind` "up" = grow, "down" = shrink)."""
+
+    time: float
+    job: str
+    kind: str
+    seconds: float
 
 
 @dataclass(frozen=True)

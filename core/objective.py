@@ -33,6 +33,7 @@ class JobRequest:
     scale_down_seconds: float = 0.0
     current_nodes: tuple[str, ...] = ()
     priority: float = 1.0
+    bonus: float = 0.0            # added to every running size: forces a probe (min = max = size)
 
     @property
     def current(self) -> int:
@@ -81,6 +82,8 @@ def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "t
     table[n > c] -= job.scale_up_seconds * sc
     table[n < c] -= job.scale_down_seconds * sc
     table *= w
+    if job.bonus:
+        table[job.min_nodes:] += job.bonus
     table[1:job.min_nodes] = NEG_INF
     return table
 

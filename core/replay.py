@@ -24,10 +24,11 @@ from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
 from .controller import QUEUE_ORDERS, Controller, ControllerConfig, StepResult
-from .dispatchers.simulated import SimulatedDispatcher
+from .dispatchers.simulated import Measurement, SimulatedDispatcher
 from .errors import InputError
 from .jobsets import load_jobset
-from .model import Job, JobState
+from .jpa import JPA, JPAConfig
+from .model import Curve, Job, JobState
 from .objective import OBJECTIVES
 from .policies import POLICIES, SOLVERS
 from .sources.trace import TraceSource, machine_order, read_node_list, select_nodes
@@ -38,6 +39,9 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_TRACE = DATA / "summit-idle-nodes-2021-02.csv.gz"
 DEFAULT_JOBS = DATA / "jobs-imagenet-1001.csv"
 DEFAULT_NODE_LIST = DATA / "summit-nodes.txt"
+#: what the allocator is told about each job's curve: the job set's measured curve (an oracle),
+#: a straight line through its 1-node rate (the usual user guess), or nothing (JPA learns it)
+CURVES = ("given", "linear", "learned")
 TIMING_KEYS = ("wall_s", "solver_ms_p50", "solver_ms_p95", "solver_ms_max", "peak_rss_mb")
 
 
@@ -52,6 +56,15 @@ class ReplaySettings:
     hours: Optional[float] = None
     coalesce: float = 0.0
     config: ControllerConfig = field(default_factory=ControllerConfig)
+    curves: str = "given"
+    noise: float = 0.03           # learned: sd of the measurement noise (log)
+    sample_every: float = 30.0    # learned: simulated seconds per throughput sample
+    seed: int = 0                 # learned: measurement noise seed
+
+    def __post_init__(self) -> None:
+        if self.curves not in CURVES:
+            raise ValueError(f"unknown --curves {self.curves!r}; choose one of {', '.join(CURVES)}")
+        Measurement(self.noise, self.sample_every, self.seed)   # validates
 
     def key(self) -> dict:
         """What must match for a stored run to be resumed."""
@@ -61,7 +74,8 @@ class ReplaySettings:
                 "coalesce": self.coalesce, "policy": self.config.policy,
                 "solver": self.config.solver, "objective": self.config.objective,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
-                "queue": self.config.queue}
+                "queue": self.config.queue, "curves": self.curves, "noise": self.noise,
+                "sample_every": self.sample_every, "seed": self.seed}
 
 
     @classmethod
@@ -71,7 +85,34 @@ class ReplaySettings:
                                   key["max_jobs"], key["queue"])
         return cls(Path(key["trace"]), Path(key["jobs"]),
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
-                   key["racks"], key["start"], key["hours"], key["coalesce"], config)
+                   key["racks"], key["start"], key["hours"], key["coalesce"], config,
+                   key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
+                   key.get("seed", 0))
+
+
+def linear_guess(job: Job) -> Curve:
+    """The no-information baseline: the job's true rate at its smallest size, scaled linearly."""
+    truth = job.true_curve or job.curve
+    per_node = truth(job.min_nodes) / job.min_nodes
+    if job.min_nodes == job.max_nodes:
+        return Curve((job.min_nodes,), (per_node * job.min_nodes,))
+    return Curve((job.min_nodes, job.max_nodes), (per_node * job.min_nodes, per_node * job.max_nodes))
+
+
+def prepare_jobs(jobs: list[Job], curves: str) -> None:
+    """Set what the allocator is told: `given` leaves the job set's curves (the oracle),
+    `linear` replaces them by `linear_guess`, `learned` hides them (the advisor's prior until
+    measured). The simulated dispatcher always runs jobs at their true curve."""
+    for job in jobs:
+        job.true_curve = job.true_curve or job.curve
+        if curves == "given":
+            job.given_curve = job.curve
+        elif curves == "linear":
+            job.curve = linear_guess(job)
+            job.given_curve = job.curve
+        else:
+            job.curve = Curve((job.min_nodes,), (0.0,))
+            job.given_curve = None
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:
@@ -93,6 +134,7 @@ class Replay:
         if resume and db is None:
             raise ValueError("--resume needs --db")
         self.jobset: list[Job] = load_jobset(settings.jobs)
+        prepare_jobs(self.jobset, settings.curves)
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
         node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
         checked = TraceSource(settings.trace, [])
@@ -109,7 +151,10 @@ class Replay:
         if store is not None and not resume and not store.is_empty():
             store.close()
             raise ValueError(f"{db} already holds a run; pass --resume to continue it or choose another --db")
-        self.dispatcher = SimulatedDispatcher()
+        learned = settings.curves == "learned"
+        self.dispatcher = SimulatedDispatcher(
+            Measurement(settings.noise, settings.sample_every, settings.seed) if learned else None)
+        self.advisor = JPA(JPAConfig(trust_given_costs=False, sample_s=settings.sample_every)) if learned else None
         resumed_at = store.meta("replay_cursor") if (store is not None and resume) else None
         if resumed_at is not None:
             saved = store.meta("replay")
@@ -118,7 +163,7 @@ class Replay:
                 raise ValueError(f"{db} holds a replay with other settings: {saved}")
             self.clock = SimClock(resumed_at)
             self.controller = Controller.restore(store, self.dispatcher, self.clock,
-                                                 settings.config, self.all_nodes)
+                                                 settings.config, self.all_nodes, advisor=self.advisor)
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end,
                                       settings.coalesce, resume_after=resumed_at,
                                       resume_idle=list(self.controller.idle))
@@ -126,7 +171,8 @@ class Replay:
             self.arrivals = [j for j in self.jobset if j.id not in known and j.submit_time < self.end]
         else:
             self.clock = SimClock(self.start)
-            self.controller = Controller(self.dispatcher, self.clock, settings.config, store, self.all_nodes)
+            self.controller = Controller(self.dispatcher, self.clock, settings.config, store, self.all_nodes,
+                                         advisor=self.advisor)
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end, settings.coalesce)
             self.controller.start(self.source.initial_idle())
             self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
@@ -250,6 +296,8 @@ class Replay:
             "makespan_hours": round((max(ends) - self.start) / 3600.0, 4) if all_done else None,
             "rescales": c.rescales,
             "preemptions": c.preemptions,
+            "curves": self.settings.curves,
+            "probes": c.probes,
             "solver_ms_p50": round(percentile(ctl.solve_ms, 0.5) or 0.0, 3),
             "solver_ms_p95": round(percentile(ctl.solve_ms, 0.95) or 0.0, 3),
             "solver_ms_max": round(max(ctl.solve_ms, default=0.0), 3),
@@ -259,7 +307,8 @@ class Replay:
 
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']} s, max jobs {s['max_jobs']})"),
+        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']} s, max jobs {s['max_jobs']}, "
+                   f"curves {s.get('curves', 'given')})"),
         ("window", f"{s['start']} .. {s['end']} ({s['simulated_hours']} h simulated), {s['nodes']} nodes"),
         ("events", f"{s['events']} in {s['steps']} steps, {s['solves']} solves"),
         ("wall time", f"{s['wall_s']} s"),
@@ -270,7 +319,8 @@ def format_summary(s: dict) -> str:
         ("jobs", f"{s['jobs_finished']} finished of {s['jobs_submitted']} submitted"
                  + (f", mean JCT {s['mean_jct_hours']:.2f} h" if s['mean_jct_hours'] else "")
                  + (f", all done after {s['makespan_hours']:.1f} h" if s['makespan_hours'] else "")),
-        ("rescales / preemptions", f"{s['rescales']} / {s['preemptions']}"),
+        ("rescales / preemptions", f"{s['rescales']} / {s['preemptions']}"
+                                   + (f" / {s['probes']} probes" if s.get("curves") == "learned" else "")),
         ("solver ms p50 / p95 / max", f"{s['solver_ms_p50']} / {s['solver_ms_p95']} / {s['solver_ms_max']}"),
         ("peak RSS", f"{s['peak_rss_mb']} MB"),
     ]
@@ -294,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
     ap.add_argument("--tfwd", type=float, default=10.0, help="T_fwd, seconds the allocator looks ahead")
+    ap.add_argument("--curves", choices=CURVES, default="given",
+                    help="what the allocator is told: the job set's curves, a linear guess, or nothing (JPA learns)")
+    ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")
+    ap.add_argument("--sample-every", type=float, default=30.0, help="--curves learned: seconds per throughput sample")
+    ap.add_argument("--seed", type=int, default=0, help="--curves learned: measurement noise seed")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
     ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
     ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
@@ -311,7 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.hours is not None and args.hours <= 0:
             raise ValueError("--hours must be positive")
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
-                                  args.start, args.hours, args.coalesce, config)
+                                  args.start, args.hours, args.coalesce, config, args.curves, args.noise,
+                                  args.sample_every, args.seed)
         replay = Replay(settings, args.db, resume=args.resume)
     except (InputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -171,7 +171,7 @@ class JobSpec(BaseModel):
     min_nodes: int = Field(ge=1, le=NODES_MAX)
     max_nodes: int = Field(ge=1, le=NODES_MAX)
     total_samples: float = Field(gt=0, le=1e15)
-    curve: CurveSpec
+    curve: Optional[CurveSpec] = None       # none: the profiler learns it (real workers only)
     scale_up_seconds: float = Field(default=18.0, ge=0, le=3600)
     scale_down_seconds: float = Field(default=12.0, ge=0, le=3600)
     priority: float = Field(default=1.0, gt=0, le=1000)
@@ -221,7 +221,9 @@ class JobSpec(BaseModel):
     @field_validator("curve", mode="before")
     @classmethod
     def _curve_text(cls, v):
-        return parse_curve_text(v) if isinstance(v, str) else v
+        if isinstance(v, str):
+            return parse_curve_text(v) if v.strip() else None
+        return v
 
 
 def field_errors(err: ValidationError) -> dict[str, str]:

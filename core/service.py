@@ -13,9 +13,10 @@ from .clock import WallClock
 from .controller import Controller, ControllerConfig
 from .dispatchers.base import Dispatcher
 from .live import LiveRunner
-from .model import Event, EventKind, Job, JobState
+from .jpa import JPA, JPAConfig
+from .model import Curve, Event, EventKind, Job, JobState
 from .sources.base import LiveNodeSource
-from .replay import Replay, ReplaySettings
+from .replay import Replay, ReplaySettings, prepare_jobs
 from .runner import ReplayRunner
 from .schemas import JobSpec
 from .snapshot import Snapshot, empty_snapshot
@@ -152,12 +153,29 @@ class Harvester:
         return runner
 
     def _job_from(self, spec: JobSpec, owner: str, ctl) -> Job:
+        """A replayed job runs at the curve it is given; with hidden curves (`--curves learned`)
+        the allocator does not see it, as for the job set's jobs."""
+        if spec.curve is None:
+            raise ValueError("curve: a simulated job runs at the curve it is given; give one "
+                             "(only jobs on real workers may leave it to the profiler)")
         curve = spec.curve.to_curve()
-        return Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
-                   total_samples=spec.total_samples, curve=curve,
-                   scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
-                   priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
-                   true_curve=curve)
+        job = Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                  total_samples=spec.total_samples, curve=curve,
+                  scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                  priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
+                  true_curve=curve, given_curve=curve)
+        if self.settings is not None:
+            prepare_jobs([job], self.settings.curves)
+        return job
+
+    def profile(self, job_id: str) -> Optional[dict]:
+        """What the profiler knows of a job (measured points, fit and band, probes, learned
+        costs), or None when the profiler is off or does not know the job."""
+        ctl = self.controller
+        if ctl is None or ctl.advisor is None:
+            return None
+        with ctl.lock:
+            return ctl.advisor.view(job_id)
 
     def submit(self, spec: JobSpec, owner: str) -> Job:
         """Register a job a person asked for; it is in the store when this returns."""
@@ -210,12 +228,14 @@ class LiveHarvester(Harvester):
 
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
-                 fresh: bool = False, require_command: bool = False) -> None:
+                 fresh: bool = False, require_command: bool = False,
+                 jpa: Optional[JPAConfig] = None) -> None:
         super().__init__(db, None, speed=1.0, tick_s=tick_s, fresh=fresh)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
         self.require_command = require_command
+        self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
 
     def _open(self, settings, fresh: bool) -> None:
         store = Store(self.db)
@@ -224,8 +244,9 @@ class LiveHarvester(Harvester):
         clock = WallClock()
         names = self.source.node_names()
         idle = self.source.initial_idle()
+        advisor = JPA(self.jpa) if self.jpa is not None else None
         if store.meta("live") is not None:
-            ctl = Controller.restore(store, self.dispatcher, clock, self.config, names)
+            ctl = Controller.restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
             known = set(ctl.idle)
             for n in known - set(idle):
                 ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))
@@ -233,7 +254,7 @@ class LiveHarvester(Harvester):
                 if n not in known:
                     ctl.post(Event(clock.now(), EventKind.NODE_JOIN, node=n))
         else:
-            ctl = Controller(self.dispatcher, clock, self.config, store, names)
+            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor)
             ctl.start(idle)
         ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self.runner = LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1)
@@ -250,15 +271,23 @@ class LiveHarvester(Harvester):
         runner.controller.flush()
 
     def _job_from(self, spec: JobSpec, owner: str, ctl) -> Job:
+        """On real workers the curve is optional: given, it is the profiler's prior; left out,
+        the profiler learns it from scratch. Simulated workers run at the curve given."""
         if self.require_command and not spec.command:
             raise ValueError("command: a job on real workers needs the command to run on each node")
         if spec.command and not spec.global_batch:
             raise ValueError("global_batch: give the samples per step of the command")
-        job = super()._job_from(spec, owner, ctl)
-        job.command = tuple(spec.command or ())
-        job.global_batch = spec.global_batch or 0
-        if self.require_command:
-            job.true_curve = None       # real workers: speed is measured, not assumed
+        if spec.curve is None and not (self.require_command and ctl.advisor is not None):
+            raise ValueError("curve: give the job's throughput curve (simulated workers run at it)"
+                             if not self.require_command else
+                             "curve: give the job's throughput curve (the profiler is off)")
+        given = spec.curve.to_curve() if spec.curve is not None else None
+        job = Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                  total_samples=spec.total_samples, curve=given or Curve((spec.min_nodes,), (0.0,)),
+                  scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                  priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
+                  true_curve=None if self.require_command else given, given_curve=given,
+                  command=tuple(spec.command or ()), global_batch=spec.global_batch or 0)
         return job
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ class Snapshot:
     since: tuple[Optional[float], ...] = ()      # when each node last changed state or holder
     rescaling: frozenset = frozenset()           # jobs inside a rescale pause right now
     config: dict = field(default_factory=dict)   # tfwd, max_jobs, policy, ... of the controller
+    probing: frozenset = frozenset()             # jobs at a size they have no sample at yet (JPA)
 
     def job(self, job_id: str) -> Optional[dict]:
         for j in self.jobs:
@@ -45,6 +46,8 @@ def build_snapshot(ctl: Controller, status: str, seq: int) -> Snapshot:
         job_of = tuple(owner.get(n) for n in names)
         when = tuple(since.get(n) for n in names)
         rescaling = frozenset(j for j, t in ctl.rescaling_until.items() if t > now)
+        advisor = ctl.advisor
+        probing = frozenset(advisor.probing()) if advisor is not None else frozenset()
         jobs = []
         rate_total = 0.0
         for job in ctl.jobs.values():
@@ -59,13 +62,16 @@ def build_snapshot(ctl: Controller, status: str, seq: int) -> Snapshot:
                          "samples_per_second": rate, "samples_done": done,
                          "total_samples": job.total_samples, "progress": done / job.total_samples,
                          "eta": eta, "submit_time": job.submit_time, "start_time": job.start_time,
-                         "end_time": job.end_time})
+                         "end_time": job.end_time,
+                         "confidence": advisor.confidence(job.id) if advisor is not None else "given"})
         for job in ctl._new_jobs.values():
             jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
                          "nodes": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
                          "priority": job.priority, "samples_per_second": 0.0, "samples_done": 0.0,
                          "total_samples": job.total_samples, "progress": 0.0, "eta": None,
-                         "submit_time": job.submit_time, "start_time": None, "end_time": None})
+                         "submit_time": job.submit_time, "start_time": None, "end_time": None,
+                         "confidence": ("given" if job.given_curve else "prior") if advisor is not None
+                         else "given"})
         c = ctl.counters
         kpis = {"idle": len(idle), "harvested": len(owner),
                 "harvest_pct": 100.0 * c.used_node_s / c.offered_node_s if c.offered_node_s else 0.0,
@@ -76,6 +82,9 @@ def build_snapshot(ctl: Controller, status: str, seq: int) -> Snapshot:
                 "events": c.events, "events_by_kind": dict(c.by_kind)}
         cfg = ctl.config
         config = {"policy": cfg.policy, "solver": cfg.solver, "objective": cfg.objective,
-                  "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "dispatcher": ctl.dispatcher.name}
+                  "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "dispatcher": ctl.dispatcher.name,
+                  "jpa": advisor is not None}
+        if advisor is not None:
+            kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
         return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
-                        config)
+                        config, probing)

@@ -24,6 +24,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "scale_down_seconds": float, "priority": float, "curve": str, "true_curve": str,
         "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
+        "given_curve": str,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -34,14 +35,18 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                     "samples_per_second": float, "samples_done": float, "source": str}, {"pk": "id"}),
     "timeline": ({"time": float, "idle": int, "used": int, "running": int, "queued": int,
                   "samples_per_second": float}, {"pk": "time"}),
+    "samples": ({"id": int, "time": float, "job": str, "kind": str, "nodes": int, "value": float,
+                 "seconds": float},
+                {"pk": "id"}),
     "solver_runs": ({"id": int, "time": float, "policy": str, "solver": str, "status": str,
                      "objective": float, "jobs": int, "nodes": int, "solve_ms": float},
                     {"pk": "id"}),
     "meta": ({"key": str, "value": str}, {"pk": "key"}),
 }
 INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]),
-           ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"])]
-HISTORY = ("events", "allocations", "throughput", "solver_runs")
+           ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"]),
+           ("samples", ["job"])]
+HISTORY = ("events", "allocations", "throughput", "solver_runs", "samples")
 
 
 @dataclass
@@ -55,11 +60,12 @@ class Batch:
     throughput: list[dict] = field(default_factory=list)
     solver_runs: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return any((self.jobs, self.nodes, self.events, self.allocations, self.throughput,
-                    self.solver_runs, self.timeline, self.meta))
+                    self.solver_runs, self.timeline, self.samples, self.meta))
 
 
 def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
@@ -75,6 +81,7 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "nodes": json.dumps(nodes), "nodes_now": len(nodes), "samples_per_second": rate,
         "command": json.dumps(list(job.command)) if job.command else None,
         "global_batch": job.global_batch or None,
+        "given_curve": json.dumps(job.given_curve.to_dict()) if job.given_curve else None,
     }
 
 
@@ -88,7 +95,8 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         start_time=row["start_time"], end_time=row["end_time"],
         true_curve=Curve.from_dict(json.loads(row["true_curve"])) if row["true_curve"] else None,
         command=tuple(json.loads(row["command"])) if row.get("command") else (),
-        global_batch=row.get("global_batch") or 0)
+        global_batch=row.get("global_batch") or 0,
+        given_curve=Curve.from_dict(json.loads(row["given_curve"])) if row.get("given_curve") else None)
     return job, json.loads(row["nodes"] or "[]")
 
 

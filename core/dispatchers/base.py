@@ -35,6 +35,10 @@ class Dispatcher(ABC):
     def poll(self, now: float) -> list[Event]:
         """Jobs that finished or failed since the last poll."""
 
+    def samples(self, now: float) -> list:
+        """RateSample / PauseSample measurements since the last call (for the profiler)."""
+        return []
+
     def next_event_time(self, now: float) -> Optional[float]:
         """When the dispatcher will next have something to report (simulation only)."""
         return None

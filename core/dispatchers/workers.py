@@ -14,6 +14,9 @@ events through `poll()`:
   - a worker that dies, or a node ssh cannot reach: the node is lost (a NODE_LEAVE), offered
     again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
     lines of the worker's log in the event.
+It also measures for the profiler: committed steps over `sample_s` of one generation are a
+throughput sample at that world size, and each regroup's pause (stop sent to first step at the
+new size) a rescale-cost sample.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..model import Event, EventKind, Job
+from ..model import Event, EventKind, Job, PauseSample, RateSample
 from ..runtime.coordinator import JobCoordinator, ReportBook
 from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
 from .base import Dispatcher
@@ -47,6 +50,8 @@ class _Run:
     crashes: int = 0
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
+    meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
+    paused_gen: int = 0                               # last generation whose pause was reported
 
 
 class WorkerDispatcher(Dispatcher):
@@ -54,7 +59,7 @@ class WorkerDispatcher(Dispatcher):
                  report_base: Optional[str] = None, workdir: str = "", pythonpath: Optional[str] = str(ROOT),
                  coordinator_host: str = "127.0.0.1", stop_grace_s: float = 5.0,
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
-                 alive_every_s: float = 0.5, pg_timeout_s: float = 10.0) -> None:
+                 alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0) -> None:
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -69,6 +74,7 @@ class WorkerDispatcher(Dispatcher):
         self.rejoin_after_s = rejoin_after_s
         self.alive_every_s = alive_every_s
         self.pg_timeout_s = pg_timeout_s
+        self.sample_s = sample_s
         self.book = ReportBook()
         self._runs: dict[str, _Run] = {}
         self._events: list[Event] = []
@@ -130,6 +136,36 @@ class WorkerDispatcher(Dispatcher):
         if run is None:
             return 0.0
         return float(run.coord.status().get("samples_per_second") or 0.0)
+
+    def samples(self, now: float) -> list:
+        """Throughput over each generation's last `sample_s` of training, and the pause of each
+        regroup between two sizes, since the last call."""
+        out: list = []
+        t = time.monotonic()
+        with self._lock:
+            runs = [r for r in self._runs.values() if not r.ended]
+        for run in runs:
+            st = run.coord.status()
+            rescale = st.get("last_rescale")
+            if rescale and rescale["gen"] > run.paused_gen and rescale.get("first_step_at") is not None:
+                run.paused_gen = rescale["gen"]
+                size, before = len(rescale["members"]), rescale.get("prev_size") or 0
+                pause = rescale.get("switch_s")
+                if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
+                    out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
+            gen, world, step = st["generation"], st["world_size"], st["committed_step"]
+            if st["regrouping"] or world <= 0 or st["finished"] or st["failed"]:
+                run.meter = None
+                continue
+            if run.meter is None or run.meter[0] != gen:
+                run.meter = (gen, t, step)
+                continue
+            _, t0, s0 = run.meter
+            if t - t0 >= self.sample_s and step > s0:
+                rate = (step - s0) * run.job.global_batch / (t - t0)
+                out.append(RateSample(now, run.job.id, world, rate, t - t0))
+                run.meter = (gen, t, step)
+        return out
 
     def status(self, job_id: str) -> Optional[dict]:
         run = self._runs.get(job_id)
