@@ -13,7 +13,8 @@ events through `poll()`:
     SIGKILL after `vacate_grace_s`;
   - a worker that dies, or a node ssh cannot reach: the node is lost (a NODE_LEAVE), offered
     again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
-    lines of the worker's log in the event.
+    lines of the worker's log in the event. Not so on a node the transport says its owner took
+    back (a preempted Slurm pilot): the node source's own leave accounts for that worker.
 """
 from __future__ import annotations
 
@@ -209,7 +210,8 @@ class WorkerDispatcher(Dispatcher):
                                  detail=f"cannot start the command on {node}: {e}"))
                 return
             except TransportError as e:
-                self._lost(run, node, f"cannot reach {node}: {e.message}")
+                if not self.transport.taken_back(node):    # else the source's leave covers it
+                    self._lost(run, node, f"cannot reach {node}: {e.message}")
                 return
             with self._lock:
                 if run.ended or node not in run.target:
@@ -263,8 +265,8 @@ class WorkerDispatcher(Dispatcher):
             alive = self.transport.alive_many([h for _, _, h in watched])
             for run, node, handle in watched:
                 ok = alive.get(handle)
-                if ok:
-                    continue
+                if ok or self.transport.taken_back(node, handle):
+                    continue          # alive, or gone with a node its owner took back (a leave)
                 with self._lock:
                     if run.handles.get(node) is not handle:
                         continue          # retired meanwhile: not a crash
