@@ -309,15 +309,22 @@ class WorkerDispatcher(Dispatcher):
 
 def make_worker_dispatcher(kind: str, nodes: Sequence[NodeSpec], db: Path,
                            report_url: Optional[str] = None, ssh_config: Optional[str] = None,
-                           workdir: str = "") -> WorkerDispatcher:
-    """The dispatcher `python -m app --dispatch local|ssh` runs: logs and checkpoints beside the store."""
+                           workdir: str = "", hub=None) -> WorkerDispatcher:
+    """The dispatcher `python -m app --dispatch local|ssh|pilot` runs: logs and checkpoints
+    beside the store. `pilot` runs each worker inside the Slurm pilot job that holds its node
+    (`hub`: the Slurm source's PilotHub)."""
     if kind == "local":
         from ..transports.local import LocalTransport
         transport: Transport = LocalTransport()
     elif kind == "ssh":
         from ..transports.ssh import SshTransport
         transport = SshTransport(config=ssh_config)
+    elif kind == "pilot":
+        from ..transports.pilot import PilotTransport
+        if hub is None:
+            raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: it needs --source slurm")
+        transport = PilotTransport(hub)
     else:
-        raise ValueError(f"unknown dispatcher {kind!r}; choose local or ssh")
+        raise ValueError(f"unknown dispatcher {kind!r}; choose local, ssh or pilot")
     logdir = Path(str(db) + ".workers")
     return WorkerDispatcher(transport, nodes, logdir, report_base=report_url, workdir=workdir)
