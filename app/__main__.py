@@ -23,6 +23,7 @@ from core.dispatchers.simulated import SimulatedDispatcher
 from core.service import Harvester, LiveHarvester
 from core.sources.static import StaticSource
 
+from . import slurm_options
 from .auth import Users
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
@@ -53,13 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--queue", choices=QUEUE_ORDERS)
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
     live = ap.add_argument_group("live mode (instead of a replay)")
-    live.add_argument("--dispatch", choices=("simulated", "local", "ssh"),
-                      help="run jobs live: simulated progress, local processes, or over ssh")
+    live.add_argument("--dispatch", choices=("simulated", "local", "ssh", "pilot"),
+                      help="run jobs live: simulated progress, local processes, over ssh, or inside "
+                           "Slurm pilot jobs (--source slurm)")
+    live.add_argument("--source", choices=("static", "slurm"), default="static",
+                      help="live: where idle nodes come from: a static list (--local-nodes / --nodes), "
+                           "or a Slurm cluster's idle nodes, held with preemptible pilot jobs")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
     live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
     live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
+    slurm_options.add_options(ap)
     return ap
 
 
@@ -99,9 +105,18 @@ def scenario(args) -> tuple[ReplaySettings, float]:
     return settings, float(s["speed"])
 
 
+def live_config(args) -> ControllerConfig:
+    return ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
+                            int(args.max_jobs or 10), args.queue or "fcfs")
+
+
 def live_harvester(args) -> LiveHarvester:
     """Live mode: nodes from an inventory file or N local 'nodes', jobs on the chosen dispatcher."""
     from core.inventory import load_inventory, local_nodes
+    if args.source == "slurm":
+        return slurm_options.slurm_harvester(args, live_config(args))
+    if args.dispatch == "pilot":
+        raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: add --source slurm")
     if args.local_nodes is not None and args.nodes:
         raise ValueError("give either --local-nodes or --nodes FILE")
     if args.local_nodes is not None:
@@ -114,8 +129,7 @@ def live_harvester(args) -> LiveHarvester:
         specs = load_inventory(Path(args.nodes))
     else:
         raise ValueError("live mode needs --local-nodes N or --nodes FILE")
-    config = ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
-                              int(args.max_jobs or 10), args.queue or "fcfs")
+    config = live_config(args)
     source = StaticSource([n.name for n in specs])
     if args.dispatch == "simulated":
         dispatcher = SimulatedDispatcher()
@@ -134,12 +148,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        settings, speed = scenario(args) if not args.dispatch else (None, 1.0)
+        live = bool(args.dispatch) or args.source == "slurm"
+        settings, speed = scenario(args) if not live else (None, 1.0)
         users = Users.load(args.users)
         password = None
         if users is None:
             users, password = Users.demo()
-        if args.dispatch:
+        if live:
             harvester = live_harvester(args)
         else:
             harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick or 0.5, fresh=args.fresh)
