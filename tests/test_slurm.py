@@ -64,12 +64,13 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
     app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
                     "--slurm-pilot-logs", str(tmp_path), "--tfwd", "600", "--workdir", str(ROOT))
     try:
-        _acceptance(app, cluster)
+        jid = _acceptance(app, cluster)
     finally:
         app.stop()
     print(app.output()[-3000:])
     assert not [j for j in cluster.jobs().values() if j["job_state"] in ("RUNNING", "PENDING")
                 and j["name"] == "harvest-pilot"], "the harvester cancels its pilots when it stops"
+    wait(lambda: not processes_with_env(f"HARVEST_JOB={jid}"), 15, "every worker gone with its pilot")
 
 
 def _acceptance(app, cluster):
@@ -115,7 +116,7 @@ def _acceptance(app, cluster):
 
     # the main job ends: the 4 nodes are harvested again and the job grows back
     wait(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING"), 15, "the main job's end")
-    wait(lambda: clu()["kpis"]["idle"] == 8, 30, "the 4 nodes harvested again", clu)
+    wait(lambda: clu()["kpis"]["idle"] == 8, 60, "the 4 nodes harvested again", clu)
     wait(world(8), 150, "the job grown back to 8", workers)
     assert get()["state"] == "running"
 
@@ -136,6 +137,7 @@ def _acceptance(app, cluster):
     main = cluster.sbatch("-p", "main", "-N", "2", "--wrap", "sleep 1", "-o", "/dev/null")
     wait(world(6), 30, "a leave after slurmctld's return", workers)
     wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 30, "the main job's end")
+    return jid
 
 
 # ---- the source in process ---------------------------------------------------------------------
@@ -156,7 +158,8 @@ def test_dry_run_only_shows_what_it_would_harvest(cluster, tmp_path):
         assert st["state"] == "dry-run"
         assert st["detail"] == "would harvest 5 node(s): node3, node4, node5, node6, node7", st
         time.sleep(1.5)
-        assert [j["name"] for j in cluster.jobs().values() if j["job_state"] != "COMPLETED"] == ["wrap"]
+        live = [j["name"] for j in cluster.jobs().values() if j["job_state"] in ("PENDING", "RUNNING", "COMPLETING")]
+        assert live == ["wrap"], "nothing submitted but the main job"
         snap = h.snapshot
         assert snap.kpis["idle"] == 0 and set(snap.state) != {HELD}
         info = dict(zip(snap.nodes, snap.node_info))
