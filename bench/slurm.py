@@ -1,6 +1,7 @@
 """Giving nodes back to a real Slurm: how fast the harvester gets off the nodes a main job needs.
 
-    python -m bench.slurm [--json] [--repeats 10] [--nodes 8] [--main-nodes 4] [--dispatch pilot|simulated]
+    python -m bench.slurm [--json] [--repeats 20] [--nodes 8] [--main-nodes 4] [--dispatch pilot|simulated]
+                          [--grace S] [--keep DIR]
 
 Starts the test Slurm (tests/slurm.py: munged, slurmctld, N slurmd on loopback, a preemptible
 `scavenger` partition with GraceTime=0) in a temporary folder and the harvester in this process
@@ -16,7 +17,11 @@ and times, from each submission:
 - main start: until squeue shows the main job RUNNING;
 - re-harvest: from the main job's end until pilots hold all its nodes again.
 
-Between rounds the job grows back to every node (with real workers, a cold start each).
+Each submission comes after a random pause of 0-1 s (seeded), so that it falls at any phase of
+slurmctld's own scheduling loop, which preempts once a second; per preempted node the time is
+split into Slurm's part (submission -> the pilot's SIGTERM, as the pilot reports it) and the
+harvester's (SIGTERM -> leave handled, -> vacated). Between rounds the job grows back to every
+node (with real workers, a cold start each). `--keep DIR` keeps Slurm's logs and the pilots'.
 A table goes to stdout, progress to stderr; with --json the last stdout line has vacate_ms_p50,
 vacate_ms_p95, main_start_ms_p50 and the other figures.
 """
@@ -173,18 +178,24 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.slurm", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--main-nodes", type=int, default=4)
     ap.add_argument("--dispatch", choices=("pilot", "simulated"), default="pilot")
     ap.add_argument("--grace", type=float, default=SlurmSettings.worker_grace_s,
                     help="seconds a preempted pilot gives its worker between SIGTERM and SIGKILL")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="run in this new folder and keep it (Slurm's logs, the pilots' output, the store)")
     args = ap.parse_args(argv)
     if not 1 <= args.main_nodes <= args.nodes:
         ap.error("--main-nodes must be between 1 and --nodes")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
-        r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=False)
+        r = measure(args.keep, args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace)
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
+            r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace)
     print(f"{args.repeats} main jobs of {args.main_nodes} nodes on {args.nodes} harvested nodes "
           f"({args.dispatch} workers, worker grace {args.grace:g} s)")
     print(f"{'from the main job submission to':<58} {'p50 ms':>8} {'p95 ms':>8} {'goal':>10}")
