@@ -23,10 +23,12 @@ demo: $(VENV)/.runtime
 	$(PY) -m app $(DEMO_ARGS)
 
 # Browser tests drive Debian's chromium through Playwright (no browser download needed);
-# the SSH tests start their own sshd on loopback.
+# the SSH tests start their own sshd on loopback; the Slurm tests their own munged, slurmctld
+# and slurmd (Debian's Slurm 22.05).
 test: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+	@test -x /usr/sbin/slurmctld || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
 	$(PY) -m pytest
 
 bench: $(VENV)/.dev
@@ -35,6 +37,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.dashboard
 	$(PY) -m bench.rescale
 	$(PY) -m bench.vacate
+	$(PY) -m bench.slurm
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -24,6 +24,7 @@ from core.dispatchers.simulated import SimulatedDispatcher
 from core.service import Harvester, LiveHarvester
 from core.sources.static import StaticSource
 
+from . import slurm_options
 from .auth import Users
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
@@ -58,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "user guess), learned (hidden: the profiler learns it)")
     g.add_argument("--seed", type=int, help="--curves learned: measurement noise seed (default 0)")
     live = ap.add_argument_group("live mode (instead of a replay)")
-    live.add_argument("--dispatch", choices=("simulated", "local", "ssh"),
-                      help="run jobs live: simulated progress, local processes, or over ssh")
+    live.add_argument("--dispatch", choices=("simulated", "local", "ssh", "pilot"),
+                      help="run jobs live: simulated progress, local processes, over ssh, or inside "
+                           "Slurm pilot jobs (--source slurm)")
+    live.add_argument("--source", choices=("static", "slurm"), default="static",
+                      help="live: where idle nodes come from: a static list (--local-nodes / --nodes), "
+                           "or a Slurm cluster's idle nodes, held with preemptible pilot jobs")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
     live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
     live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
@@ -70,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
+    slurm_options.add_options(ap)
     return ap
 
 
@@ -110,9 +116,18 @@ def scenario(args) -> tuple[ReplaySettings, float]:
     return settings, float(s["speed"])
 
 
+def live_config(args) -> ControllerConfig:
+    return ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
+                            int(args.max_jobs or 10), args.queue or "fcfs")
+
+
 def live_harvester(args) -> LiveHarvester:
     """Live mode: nodes from an inventory file or N local 'nodes', jobs on the chosen dispatcher."""
     from core.inventory import load_inventory, local_nodes
+    if args.source == "slurm":
+        return slurm_options.slurm_harvester(args, live_config(args))
+    if args.dispatch == "pilot":
+        raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: add --source slurm")
     if args.local_nodes is not None and args.nodes:
         raise ValueError("give either --local-nodes or --nodes FILE")
     if args.local_nodes is not None:
@@ -125,8 +140,7 @@ def live_harvester(args) -> LiveHarvester:
         specs = load_inventory(Path(args.nodes))
     else:
         raise ValueError("live mode needs --local-nodes N or --nodes FILE")
-    config = ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
-                              int(args.max_jobs or 10), args.queue or "fcfs")
+    config = live_config(args)
     source = StaticSource([n.name for n in specs])
     if args.dispatch == "simulated":
         dispatcher = SimulatedDispatcher()
@@ -137,18 +151,15 @@ def live_harvester(args) -> LiveHarvester:
                                             ssh_config=str(args.ssh_config) if args.ssh_config else None,
                                             workdir=args.workdir)
     real = args.dispatch != "simulated"
+    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
+                         require_command=real, jpa=live_profiler(args, real))
+
+
+def live_profiler(args, real: bool) -> Optional[JPAConfig]:
+    """The profiler's settings on real workers (None with simulated ones, or --no-profiler)."""
     if args.profile_sizes < 0:
         raise ValueError("--profile-sizes must be 0 or more")
-    jpa = None if (args.no_profiler or not real) else live_profiler(args.profile_sizes)
-    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
-                         require_command=real, jpa=jpa)
-
-
-def live_profiler(sizes: int) -> JPAConfig:
-    """The profiler on real workers: samples are 5 s of steps (noisier than the replay's 30 s
-    windows), rescale costs are measured (a regroup is ~0.1 s here, so probes are cheap), and
-    each new job is measured at `sizes` sizes early on for its curve."""
-    return JPAConfig(sample_s=5.0, noise=0.05, min_sizes=sizes)
+    return None if (args.no_profiler or not real) else JPAConfig.live(args.profile_sizes)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -156,12 +167,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        settings, speed = scenario(args) if not args.dispatch else (None, 1.0)
+        live = bool(args.dispatch) or args.source == "slurm"
+        settings, speed = scenario(args) if not live else (None, 1.0)
         users = Users.load(args.users)
         password = None
         if users is None:
             users, password = Users.demo()
-        if args.dispatch:
+        if live:
             harvester = live_harvester(args)
         else:
             harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick or 0.5, fresh=args.fresh)

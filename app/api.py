@@ -66,6 +66,8 @@ def register(server: flask.Flask) -> None:
         ok = snap.status != "error" and h.problem is None
         body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
                 "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
+        if snap.source_status:
+            body["source"] = snap.source_status     # a stale source is shown, not an outage
         return jsonify(body), 200 if ok else 503
 
     @bp.get("/cluster")
@@ -73,10 +75,14 @@ def register(server: flask.Flask) -> None:
         snap = context.harvester.snapshot
         body = {"time": snap.time, "status": snap.status, "speed": context.harvester.speed,
                 "kpis": snap.kpis, "config": snap.config}
+        if snap.source_status:
+            body["source"] = snap.source_status
         if request.args.get("nodes", "1") != "0":
             body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t}
                              for n, s, j, t in zip(snap.nodes, snap.state, snap.job_of,
                                                    snap.since or [None] * len(snap.nodes))]
+            for row, info in zip(body["nodes"], snap.node_info):
+                row["source"] = info
         return jsonify(body)
 
     @bp.get("/jobs")

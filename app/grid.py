@@ -140,8 +140,11 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
     names = job_label(snap)
     live = set(names)
     book.release_except(live)
+    info = snap.node_info
     for i, (st, job) in enumerate(zip(snap.state, snap.job_of)):
         since = _when(snap.since[i] if snap.since else None)
+        if info and info[i]:
+            since += f" · {info[i]}"          # the source's own word on the node (Slurm's state)
         if st == HELD and job is not None:
             if job in snap.rescaling:
                 codes[i] = C_RESCALE

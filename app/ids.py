@@ -5,6 +5,7 @@ URL = "url"
 NAV_USER = "nav-user"
 TICK = "tick"                 # dcc.Interval driving live updates (in the shell, shared by pages)
 STATUS_BAR = "status-bar"
+SOURCE_BADGE = "source-badge"  # live: the node source's state (ok / stale / dry run), in the status bar
 
 # cluster page
 GRID = "grid"

@@ -69,5 +69,18 @@ def status_bar(_n):
     if snap.status in ("loading", "error") or h.problem:
         return f"replay {snap.status}" + (f": {h.problem}" if h.problem else "")
     if h.mode == "live":
-        return f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status}"
+        text = f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status} "
+        return [text, source_badge(snap.source_status)] if snap.source_status else text
     return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"
+
+
+def source_badge(st: dict) -> html.Span:
+    """The node source's state at a glance; `stale` (its batch scheduler cannot be asked, the
+    harvester keeps what it holds) stands out, with the reason on hover."""
+    from .format import sim_time
+    state = st.get("state", "ok")
+    label = f'{st.get("name", "source")}: {state}'
+    if state == "stale" and st.get("since"):
+        label += f' since {sim_time(st["since"])[11:19]}'
+    return html.Span(label, id=ids.SOURCE_BADGE, title=st.get("detail", ""),
+                     className=f"source-badge source-{state}")

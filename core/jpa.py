@@ -63,6 +63,15 @@ class JPAConfig:
     concentration: float = 1.0    # weight, in jobs, of the flat prior among measured jobs' shapes
     groups: bool = True           # jobs of one name and owner inform each other's priors first
 
+    @classmethod
+    def live(cls, sizes: int = 3) -> "JPAConfig":
+        """On real workers: samples are 5 s of steps (noisier than the replay's 30 s windows),
+        rescale costs are measured (a regroup takes ~0.1 s, so probes are cheap), and each new
+        job is measured at `sizes` sizes early on, for its curve."""
+        if sizes < 0:
+            raise ValueError("--profile-sizes must be 0 or more")
+        return cls(sample_s=5.0, noise=0.05, min_sizes=sizes, probe_gap_s=10.0, probe_s=10.0)
+
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"unknown scalability model {self.model!r}; choose one of {', '.join(MODELS)}")

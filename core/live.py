@@ -3,7 +3,9 @@ and the dispatcher, steps the controller when anything changed, flushes the stor
 second and publishes a snapshot; commands from the web run between ticks (`command`).
 
 Pausing freezes the allocator (no node is handed out or taken from a job by choice) while
-leaves are still honoured at once: the main scheduler's nodes are never held hostage.
+leaves are still honoured at once: the main scheduler's nodes are never held hostage. A source
+that hears of a leave between ticks wakes the loop (`wake`), so the leave does not wait for the
+next tick.
 """
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ class LiveRunner:
         self.error: Optional[str] = None
         self._seq = first_seq
         self._last_flush = 0.0
-        self._snapshot = build_snapshot(controller, self.status, first_seq)
+        self._woken = threading.Event()
+        self._waker: Optional[threading.Thread] = None
+        self._snapshot = self._build(first_seq)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -53,7 +57,22 @@ class LiveRunner:
             self.scheduler.add_job(self._tick, "interval", seconds=self.tick_s, id=JOB_ID,
                                    max_instances=1, coalesce=True, replace_existing=True)
             self.scheduler.start()
+            self._waker = threading.Thread(target=self._wake_loop, name="live-wake", daemon=True)
+            self._waker.start()
+        self.source.start(wake=self.wake)
         self._publish()
+
+    def wake(self) -> None:
+        """Tick now, off the scheduler's timer (a source heard of a leave); bursts coalesce."""
+        self._woken.set()
+
+    def _wake_loop(self) -> None:
+        while True:
+            self._woken.wait()
+            self._woken.clear()
+            if self.status not in ("running", "paused"):
+                return
+            self._tick()
 
     def pause(self) -> None:
         with self._lock:
@@ -113,6 +132,9 @@ class LiveRunner:
             if self.status in ("running", "paused"):
                 self.status = "stopped"
             self.controller.flush()
+        self._woken.set()
+        if self._waker is not None:
+            self._waker.join(10)
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         self._publish()
@@ -120,4 +142,8 @@ class LiveRunner:
     def _publish(self) -> None:
         with self._publish_lock:
             self._seq += 1
-            self._snapshot = build_snapshot(self.controller, self.status, self._seq)
+            self._snapshot = self._build(self._seq)
+
+    def _build(self, seq: int) -> Snapshot:
+        return build_snapshot(self.controller, self.status, seq, self.source.status().to_dict(),
+                              self.source.node_states())

@@ -24,6 +24,8 @@ class Snapshot:
     since: tuple[Optional[float], ...] = ()      # when each node last changed state or holder
     rescaling: frozenset = frozenset()           # jobs inside a rescale pause right now
     config: dict = field(default_factory=dict)   # tfwd, max_jobs, policy, ... of the controller
+    source_status: dict = field(default_factory=dict)  # live: SourceStatus.to_dict() (ok | stale | dry-run)
+    node_info: tuple[str, ...] = ()              # live: what the source says of each node (Slurm's state)
     probing: frozenset = frozenset()             # jobs at a size they have no sample at yet (JPA)
 
     def job(self, job_id: str) -> Optional[dict]:
@@ -37,7 +39,8 @@ def empty_snapshot(status: str = "loading", seq: int = 0) -> Snapshot:
     return Snapshot(0.0, seq, status, (), (), ())
 
 
-def build_snapshot(ctl: Controller, status: str, seq: int) -> Snapshot:
+def build_snapshot(ctl: Controller, status: str, seq: int, source_status: Optional[dict] = None,
+                   node_info: Optional[dict[str, str]] = None) -> Snapshot:
     with ctl.lock:
         now = ctl.clock.now()
         names = tuple(ctl.node_names or ctl.idle)
@@ -86,5 +89,6 @@ def build_snapshot(ctl: Controller, status: str, seq: int) -> Snapshot:
                   "jpa": advisor is not None}
         if advisor is not None:
             kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
+        info = tuple(node_info.get(n, "") for n in names) if node_info else ()
         return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
-                        config, probing)
+                        config, dict(source_status or {}), info, probing)

@@ -13,7 +13,8 @@ events through `poll()`:
     SIGKILL after `vacate_grace_s`;
   - a worker that dies, or a node ssh cannot reach: the node is lost (a NODE_LEAVE), offered
     again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
-    lines of the worker's log in the event.
+    lines of the worker's log in the event. Not so on a node the transport says its owner took
+    back (a preempted Slurm pilot): the node source's own leave accounts for that worker.
 It also measures for the profiler: committed steps over `sample_s` of one generation are a
 throughput sample at that world size, and each regroup's pause (stop sent to first step at the
 new size) a rescale-cost sample.
@@ -245,7 +246,8 @@ class WorkerDispatcher(Dispatcher):
                                  detail=f"cannot start the command on {node}: {e}"))
                 return
             except TransportError as e:
-                self._lost(run, node, f"cannot reach {node}: {e.message}")
+                if not self.transport.taken_back(node):    # else the source's leave covers it
+                    self._lost(run, node, f"cannot reach {node}: {e.message}")
                 return
             with self._lock:
                 if run.ended or node not in run.target:
@@ -299,8 +301,8 @@ class WorkerDispatcher(Dispatcher):
             alive = self.transport.alive_many([h for _, _, h in watched])
             for run, node, handle in watched:
                 ok = alive.get(handle)
-                if ok:
-                    continue
+                if ok or self.transport.taken_back(node, handle):
+                    continue          # alive, or gone with a node its owner took back (a leave)
                 with self._lock:
                     if run.handles.get(node) is not handle:
                         continue          # retired meanwhile: not a crash
@@ -343,15 +345,22 @@ class WorkerDispatcher(Dispatcher):
 
 def make_worker_dispatcher(kind: str, nodes: Sequence[NodeSpec], db: Path,
                            report_url: Optional[str] = None, ssh_config: Optional[str] = None,
-                           workdir: str = "") -> WorkerDispatcher:
-    """The dispatcher `python -m app --dispatch local|ssh` runs: logs and checkpoints beside the store."""
+                           workdir: str = "", hub=None) -> WorkerDispatcher:
+    """The dispatcher `python -m app --dispatch local|ssh|pilot` runs: logs and checkpoints
+    beside the store. `pilot` runs each worker inside the Slurm pilot job that holds its node
+    (`hub`: the Slurm source's PilotHub)."""
     if kind == "local":
         from ..transports.local import LocalTransport
         transport: Transport = LocalTransport()
     elif kind == "ssh":
         from ..transports.ssh import SshTransport
         transport = SshTransport(config=ssh_config)
+    elif kind == "pilot":
+        from ..transports.pilot import PilotTransport
+        if hub is None:
+            raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: it needs --source slurm")
+        transport = PilotTransport(hub)
     else:
-        raise ValueError(f"unknown dispatcher {kind!r}; choose local or ssh")
+        raise ValueError(f"unknown dispatcher {kind!r}; choose local, ssh or pilot")
     logdir = Path(str(db) + ".workers")
     return WorkerDispatcher(transport, nodes, logdir, report_base=report_url, workdir=workdir)

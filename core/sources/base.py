@@ -1,14 +1,31 @@
 """Node sources: where idle nodes come from (trace replay, a static list, a batch scheduler).
 
 One interface, one module per backend. A replayed source is pulled by the replay loop; live
-sources (later: Slurm) push the same Event records into the controller.
+sources (a static list, Slurm) are polled by the live loop for the same Event records.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterator
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator, Optional
 
 from ..model import Event
+
+#: SourceStatus.state values
+SOURCE_OK, SOURCE_STALE, SOURCE_DRY_RUN = "ok", "stale", "dry-run"
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """How much the harvester can trust what its source says now, for the dashboard: `stale`
+    when the batch scheduler cannot be asked (the nodes and jobs held are kept meanwhile)."""
+    name: str
+    state: str = SOURCE_OK
+    detail: str = ""
+    since: Optional[float] = None     # wall clock of the last change of state
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 class NodeSource(ABC):
@@ -43,6 +60,17 @@ class LiveNodeSource(ABC):
     @abstractmethod
     def poll(self, now: float) -> list[Event]:
         """Joins and leaves since the last poll (leaves must be acted on before anything else)."""
+
+    def start(self, wake: Optional[Callable[[], None]] = None) -> None:
+        """Begin watching. A source that learns of a leave between polls calls `wake()` so that
+        the live loop polls it at once instead of at its next tick."""
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(self.name)
+
+    def node_states(self) -> dict[str, str]:
+        """What the source itself says about each node (e.g. Slurm's state), for the grid."""
+        return {}
 
     def close(self) -> None:
         """Let go of whatever the source holds (pilot jobs, connections)."""

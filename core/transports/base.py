@@ -172,6 +172,13 @@ class Transport(ABC):
                 list(pool.map(one, groups.values()))
         return out
 
+    def taken_back(self, node: str, handle: Optional[Handle] = None) -> bool:
+        """Whether the node's owner has taken it back (its batch scheduler preempted the job
+        that held it; the node source reports that as a leave), from under `handle` when one is
+        given. A worker there that died or cannot be reached is then part of that leave, not a
+        crash of the training job."""
+        return False
+
     @abstractmethod
     def kill(self, handle: Handle) -> None:
         """SIGKILL the worker's process group now (a crash, or a node that must be vacated

@@ -3,9 +3,14 @@ involved anywhere: argv goes to exec() as it is.
 
 Liveness ignores zombies: an orphaned child of a worker is re-parented to PID 1, and where PID 1
 does not reap (some containers and micro-VMs) its zombie would otherwise look alive forever.
+
+`die_with_parent` is for a parent that must take its workers with it (a Slurm pilot: the batch
+scheduler tracks a job's processes by parentage, so a worker orphaned by a dead pilot would
+escape it): the kernel SIGKILLs each worker when the thread that started it ends.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -20,6 +25,22 @@ from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError
 
 _POLL_S = 0.02
 _KILL_WAIT_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _libc_prctl()   # resolved here: the child between fork and exec must not load anything
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent's starting thread ends."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def proc_stat(pid: int) -> Optional[list[str]]:
@@ -73,7 +94,10 @@ def _signal_group(pgid: int, sig: int) -> None:
 class LocalTransport(Transport):
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, die_with_parent: bool = False) -> None:
+        if die_with_parent and _prctl is None:
+            raise OSError("die_with_parent needs Linux prctl(PR_SET_PDEATHSIG)")
+        self._preexec = _die_with_parent if die_with_parent else None
         self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
         self._lock = threading.Lock()
 
@@ -86,7 +110,8 @@ class LocalTransport(Transport):
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=workdir or None,
                                         stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=self._preexec)
         except OSError as e:
             raise StartError(node.name, f"cannot start {argv[0]!r} in {workdir or '.'!r}: {e}") from e
         # read before the child can be reaped (its zombie still has a start time)

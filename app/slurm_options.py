@@ -1,0 +1,121 @@
+"""`python -m app --source slurm ...`: the command-line options of the Slurm node source and the
+live harvester built from them (the source, and workers inside its pilot jobs or simulated)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from core.controller import ControllerConfig
+from core.dispatchers.simulated import SimulatedDispatcher
+from core.jpa import JPAConfig
+from core.service import LiveHarvester
+from core.sources.slurm_settings import SettingError, SlurmSettings, split_list
+
+#: SlurmSettings field -> the option that sets it (errors name the option)
+OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "--slurm-account",
+           "max_pilots": "--slurm-max-pilots", "time_limit_min": "--slurm-time-limit",
+           "watch": "--slurm-watch", "poll_s": "--slurm-poll", "submit_batch": "--slurm-batch",
+           "dry_run": "--slurm-dry-run", "hub_host": "--slurm-hub", "hub_port": "--slurm-hub",
+           "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
+           "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
+           "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout"}
+
+
+def add_options(ap: argparse.ArgumentParser) -> None:
+    d = SlurmSettings()
+    g = ap.add_argument_group("Slurm (with --source slurm: idle nodes held by preemptible pilot jobs)")
+    g.add_argument("--slurm-partition", metavar="NAME", default=d.partition,
+                   help=f"partition of the pilots, one Slurm preempts (default {d.partition})")
+    g.add_argument("--slurm-qos", metavar="NAME", default="", help="QOS of the pilots (sites that preempt by QOS)")
+    g.add_argument("--slurm-account", metavar="NAME", default="", help="account of the pilots")
+    g.add_argument("--slurm-max-pilots", metavar="N", type=int, default=d.max_pilots,
+                   help=f"nodes held or asked for at once (default {d.max_pilots})")
+    g.add_argument("--slurm-time-limit", metavar="MIN", type=int, default=d.time_limit_min,
+                   help=f"each pilot's time limit in minutes; another replaces it (default {d.time_limit_min})")
+    g.add_argument("--slurm-watch", metavar="LIST", default="",
+                   help="partitions, nodes or hostlists to harvest, comma-separated (default: "
+                        "every node of --slurm-partition)")
+    g.add_argument("--slurm-poll", metavar="S", type=float, default=d.poll_s,
+                   help=f"seconds between sinfo/squeue reads (default {d.poll_s:g}; leaves arrive at once)")
+    g.add_argument("--slurm-batch", metavar="N", type=int, default=d.submit_batch,
+                   help=f"pilots submitted per poll at most (default {d.submit_batch})")
+    g.add_argument("--slurm-dry-run", action="store_true",
+                   help="submit nothing; the dashboard and log show what would be harvested")
+    g.add_argument("--slurm-hub", default=d.hub_host, metavar="HOST[:PORT]",
+                   help="where the harvester listens for its pilots (default 127.0.0.1, any port)")
+    g.add_argument("--slurm-advertise", default="", metavar="HOST",
+                   help="the address pilots dial back (default: the --slurm-hub host)")
+    g.add_argument("--slurm-conf", metavar="PATH", default="", help="slurm.conf for the Slurm commands (default: SLURM_CONF / the site's)")
+    g.add_argument("--slurm-python", metavar="PATH", default=d.python, help="the pilot's Python on the nodes (default: this one)")
+    g.add_argument("--slurm-pilot-name", metavar="NAME", default=d.pilot_name, help=f"job name of the pilots (default {d.pilot_name})")
+    g.add_argument("--slurm-pilot-logs", default="", metavar="DIR", help="pilot output files (default: none)")
+    g.add_argument("--slurm-worker-grace", metavar="S", type=float, default=d.worker_grace_s,
+                   help="seconds a preempted worker gets between SIGTERM and SIGKILL (default 0: at once)")
+    g.add_argument("--slurm-pending-timeout", metavar="S", type=float, default=d.pending_timeout_s,
+                   help=f"cancel a pilot not connected after this many seconds (default {d.pending_timeout_s:g})")
+
+
+def settings_from(args) -> SlurmSettings:
+    host, port = args.slurm_hub, 0
+    if ":" in host and not host.endswith("]"):
+        host, _, p = host.rpartition(":")
+        if not p.isdigit():
+            raise ValueError(f"--slurm-hub: the port must be a number, not {p!r}")
+        port = int(p)
+    for opt, v in (("--slurm-poll", args.slurm_poll), ("--slurm-worker-grace", args.slurm_worker_grace),
+                   ("--slurm-pending-timeout", args.slurm_pending_timeout)):
+        if not math.isfinite(v):
+            raise ValueError(f"{opt} must be a finite number")
+    try:
+        return SlurmSettings(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
+                             max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,
+                             watch=split_list(args.slurm_watch), poll_s=args.slurm_poll,
+                             submit_batch=args.slurm_batch, dry_run=args.slurm_dry_run,
+                             hub_host=host.strip("[]"), hub_port=port, advertise=args.slurm_advertise,
+                             pilot_name=args.slurm_pilot_name, python=args.slurm_python,
+                             log_dir=args.slurm_pilot_logs, conf=args.slurm_conf,
+                             worker_grace_s=args.slurm_worker_grace,
+                             pending_timeout_s=args.slurm_pending_timeout)
+    except SettingError as e:
+        raise ValueError(f"{OPTIONS.get(e.field, e.field)}: {e.message}") from None
+
+
+def slurm_harvester(args, config: ControllerConfig) -> LiveHarvester:
+    """The Slurm source, and the jobs' workers inside its pilots (`--dispatch pilot`, the
+    default) or simulated (`--dispatch simulated`). Raises ValueError for bad options and when
+    Slurm cannot be read."""
+    from core.sources.slurm import SlurmSource
+    from core.sources.slurm_cli import SlurmUnavailable
+    dispatch = args.dispatch or "pilot"
+    if dispatch not in ("pilot", "simulated"):
+        raise ValueError(f"--source slurm runs each job's workers inside the pilot jobs: use --dispatch "
+                         f"pilot (or simulated), not {dispatch}")
+    if args.local_nodes is not None or args.nodes:
+        raise ValueError("--source slurm takes its nodes from Slurm: leave out --local-nodes / --nodes")
+    settings = settings_from(args)
+    try:
+        source = SlurmSource(settings)
+    except SlurmUnavailable as e:
+        raise ValueError(f"cannot read Slurm: {e}") from None
+    except SettingError as e:
+        raise ValueError(f"{OPTIONS.get(e.field, e.field)}: {e.message}") from None
+    try:
+        dispatcher = _dispatcher(args, dispatch, source)
+    except BaseException:
+        source.close()
+        raise
+    real = dispatch == "pilot" and not settings.dry_run
+    jpa = None if (args.no_profiler or not real) else JPAConfig.live(args.profile_sizes)
+    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
+                         require_command=real, jpa=jpa)
+
+
+def _dispatcher(args, dispatch: str, source):
+    if dispatch == "simulated" or source.hub is None:      # dry run: no node is ever offered
+        return SimulatedDispatcher()
+    from core.dispatchers.workers import make_worker_dispatcher
+    from core.transports.base import NodeSpec
+    return make_worker_dispatcher("pilot", [NodeSpec(n) for n in source.node_names()], args.db,
+                                  report_url=f"http://{args.host}:{args.port}/api/workers",
+                                  workdir=args.workdir, hub=source.hub)
+

@@ -1,0 +1,351 @@
+"""Idle nodes of a real Slurm cluster, held with preemptible pilot jobs.
+
+The harvester never uses a node behind Slurm's back: it submits one pilot job per idle node it
+wants to a low-priority partition that Slurm preempts (GraceTime=0), and a node counts as
+harvested only while a pilot runs there and is connected (core/sources/pilot.py); the
+training job's worker runs inside that pilot. When a main job needs the node, Slurm sends the
+pilot SIGTERM and the pilot's first act is to tell the hub, so the leave reaches the controller
+within milliseconds (`wake`), ahead of anything else; squeue is only the backstop for a pilot
+that died without a word.
+
+A background thread reads sinfo/squeue every `poll_s` (never the live loop's thread): it finds
+free nodes (state `idle` with no flag like completing or planned), submits pilots to them (each
+pinned with -w, --exclusive), cancels pilots that wait too long or whose node was taken
+meanwhile, and notices pilots that vanished. When Slurm cannot be asked the source is `stale`:
+it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
+submits nothing until slurmctld answers again.
+"""
+from __future__ import annotations
+
+import getpass
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..model import Event, EventKind
+from .base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
+from .pilot_hub import PilotHub, PilotLink
+from .pilot_wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
+from .slurm_cli import SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
+from .slurm_settings import SettingError, SlurmSettings
+
+log = logging.getLogger(__name__)
+
+PILOT_SCRIPT = """#!{python}
+import sys
+sys.path.insert(0, {root!r})
+from core.sources.pilot import main
+sys.exit(main())
+"""
+
+
+@dataclass
+class _Pilot:
+    job: str
+    node: str
+    submitted: float            # time.monotonic() when sbatch returned (or when it said hello)
+    running: bool = False       # it said hello
+
+
+class SlurmSource(LiveNodeSource):
+    name = "slurm"
+
+    def __init__(self, settings: SlurmSettings, cli: Optional[SlurmCli] = None) -> None:
+        self.settings = settings
+        self.cli = cli or SlurmCli(settings.conf, settings.command_timeout_s)
+        self.user = getpass.getuser()
+        nodes = self.cli.nodes()                      # SlurmUnavailable: cannot start without it
+        self._slurm: dict[str, SlurmNode] = {n.name: n for n in nodes}
+        self._names = resolve_watch(settings, nodes, self.cli)
+        self._watched = set(self._names)
+        self._pilots: dict[str, _Pilot] = {}          # job id -> a pilot of ours not known to be over
+        self._held: dict[str, str] = {}               # node -> the pilot whose hello made it a join
+        self._events: list[Event] = []
+        self._would: tuple[str, ...] = ()             # dry run: what would be harvested now
+        self._status = SourceStatus(self.name, SOURCE_DRY_RUN if settings.dry_run else SOURCE_OK,
+                                    "", time.time())
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._wake: Optional[Callable[[], None]] = None
+        self._token = secrets.token_urlsafe(32)
+        self.hub: Optional[PilotHub] = None
+        if not settings.dry_run:
+            self.hub = PilotHub(self._token, self._on_hello, self._on_leave, settings.hub_host,
+                                settings.hub_port)
+            self._cancel_leftovers()
+
+    # ---- LiveNodeSource ----------------------------------------------------------------------
+    def node_names(self) -> list[str]:
+        return list(self._names)
+
+    def initial_idle(self) -> list[str]:
+        return []                     # a node is offered once a pilot holds it, never before
+
+    def start(self, wake: Optional[Callable[[], None]] = None) -> None:
+        self._wake = wake
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="slurm-source", daemon=True)
+            self._thread.start()
+
+    def poll(self, now: float) -> list[Event]:
+        if self._thread is None:
+            self.start(self._wake)
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def status(self) -> SourceStatus:
+        st = self._status
+        if st.state == SOURCE_OK:
+            with self._lock:
+                held = len(self._held)
+                waiting = sum(1 for p in self._pilots.values() if not p.running)
+            return SourceStatus(st.name, st.state, f"{held} node(s) held by pilots, {waiting} pilot(s) "
+                                                   f"pending in {self.settings.partition}", st.since)
+        return st
+
+    def node_states(self) -> dict[str, str]:
+        with self._lock:
+            pilot_on = {p.node: p for p in self._pilots.values()}
+            would = set(self._would)
+        out = {}
+        for name in self._names:
+            n = self._slurm.get(name)
+            text = f"Slurm: {n.label if n else 'unknown'}"
+            p = pilot_on.get(name)
+            if p is not None:
+                text += f", pilot {p.job}" + ("" if p.running else " pending")
+            elif name in would:
+                text += ", would harvest (dry run)"
+            out[name] = text
+        return out
+
+    def close(self) -> None:
+        """Stop watching and give every node back: cancel our pilots, close their connections."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.settings.command_timeout_s * 3 + 5)
+        with self._lock:
+            jobs = list(self._pilots)
+        try:
+            self.cli.cancel(jobs)
+        except SlurmUnavailable as e:
+            log.warning("could not cancel pilots %s (%s); they end when their connection does", jobs, e)
+        if self.hub is not None:
+            self.hub.close()
+
+    # ---- pilots talking ----------------------------------------------------------------------
+    def _on_hello(self, link: PilotLink) -> None:
+        with self._lock:
+            p = self._pilots.get(link.job)
+            if p is None:                      # its hello came before sbatch returned its id
+                p = self._pilots[link.job] = _Pilot(link.job, link.node, time.monotonic())
+            p.node, p.running = link.node, True
+            stray = link.node not in self._watched or link.node in self._held
+            if not stray:
+                self._held[link.node] = link.job
+                self._events.append(Event(time.time(), EventKind.NODE_JOIN, node=link.node,
+                                          detail=f"pilot {link.job} holds it"))
+        if stray:
+            log.warning("pilot %s on %s is not needed there; cancelling it", link.job, link.node)
+            self._cancel_quietly([link.job])
+            return
+        self._poke()
+
+    def _on_leave(self, link: PilotLink, why: str) -> None:
+        with self._lock:
+            p = self._pilots.get(link.job)
+            if p is not None and p.node == link.node:
+                del self._pilots[link.job]
+            left = self._release(link.node, link.job, why)
+        if left:
+            self._poke()
+        if not link.leaving and not self._stop.is_set():
+            self._cancel_quietly([link.job])   # lost contact: make sure the node goes back
+
+    def _release(self, node: str, job: str, why: str) -> bool:
+        """The node stops being harvested (under the lock). True if it was."""
+        if self._held.get(node) != job:
+            return False
+        del self._held[node]
+        self._events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, detail=why))
+        return True
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake()
+
+    # ---- watching Slurm ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll_slurm()
+            except Exception:             # never let the watcher die: the next poll tries again
+                log.exception("reading Slurm failed")
+            self._stop.wait(max(0.0, self.settings.poll_s - (time.monotonic() - t0)))
+
+    def poll_slurm(self) -> None:
+        """One round: read sinfo and squeue, then act on what changed."""
+        asked = time.monotonic()
+        with self._lock:
+            known = {j for j, p in self._pilots.items() if p.submitted < asked}
+        try:
+            nodes = self.cli.nodes()
+            jobs = [] if self.settings.dry_run else self.cli.jobs(self.settings.pilot_name, self.user)
+        except SlurmUnavailable as e:
+            self._set_status(SOURCE_STALE, f"cannot read Slurm: {e}")
+            return
+        self._slurm = {n.name: n for n in nodes}
+        if self.settings.dry_run:
+            self._dry_run()
+            return
+        self._set_status(SOURCE_OK, "")
+        self._check_pilots({j.id: j for j in jobs}, known)
+        self._submit()
+
+    def _check_pilots(self, jobs: dict[str, SlurmJob], known: set[str]) -> None:
+        """The backstop: pilots that ended without a word; and pilots to cancel."""
+        cancel, dropped, left = [], [], False
+        now = time.monotonic()
+        with self._lock:
+            for jid, p in list(self._pilots.items()):
+                j = jobs.get(jid)
+                if (j is None and jid in known) or (j is not None and j.ended):
+                    del self._pilots[jid]
+                    left |= self._release(p.node, jid, f"pilot {jid} {j.state.lower() if j else 'is gone'} (squeue)")
+                    dropped.append(jid)
+                elif j is not None and not p.running:
+                    node = self._slurm.get(p.node)
+                    taken = j.state == "PENDING" and (node is None or not node.free)
+                    if taken or now - p.submitted > self.settings.pending_timeout_s:
+                        cancel.append(jid)
+                        del self._pilots[jid]
+        if left:
+            self._poke()
+        for jid in dropped:           # Slurm says it is over: if it is still connected, hang up
+            link = self.hub.link_of_job(jid) if self.hub is not None else None
+            if link is not None:
+                link.wire.close()
+        if cancel:
+            log.info("cancelling pilot(s) %s: their node was taken before they started, or they "
+                     "did not connect within %g s", ", ".join(cancel), self.settings.pending_timeout_s)
+            self._cancel_quietly(cancel)
+
+    def free_nodes(self) -> list[str]:
+        """Watched nodes Slurm has idle and we hold no pilot on, in machine order."""
+        with self._lock:
+            taken = {p.node for p in self._pilots.values()} | set(self._held)
+        return [n for n in self._names if n not in taken and self._slurm.get(n) is not None
+                and self._slurm[n].free]
+
+    def _submit(self) -> None:
+        s = self.settings
+        with self._lock:
+            room = s.max_pilots - len(self._pilots)
+        free = self.free_nodes()[:max(0, min(room, s.submit_batch))]
+        for node in free:
+            try:
+                job = self.cli.submit(self._sbatch_options(node), self._script(), self._pilot_env())
+            except SlurmUnavailable as e:
+                log.warning("could not submit a pilot to %s: %s", node, e)
+                return
+            with self._lock:
+                self._pilots.setdefault(job, _Pilot(job, node, time.monotonic()))
+
+    def _dry_run(self) -> None:
+        would = tuple(self.free_nodes()[:self.settings.max_pilots])
+        with self._lock:
+            changed, self._would = would != self._would, would
+        if changed:
+            log.info("dry run: would harvest %d node(s) with pilots in %s: %s", len(would),
+                     self.settings.partition, ", ".join(would) or "none")
+        self._set_status(SOURCE_DRY_RUN, f"would harvest {len(would)} node(s)" +
+                         (f": {', '.join(would[:20])}" + (" ..." if len(would) > 20 else "") if would else ""))
+
+    def _set_status(self, state: str, detail: str) -> None:
+        old = self._status
+        if old.state == state and old.detail == detail:
+            return
+        since = old.since if old.state == state else time.time()
+        if state != old.state:
+            (log.warning if state == SOURCE_STALE else log.info)(
+                "Slurm source %s%s", state, f": {detail}" if detail else "")
+        self._status = SourceStatus(self.name, state, detail, since)
+
+    # ---- pilot jobs --------------------------------------------------------------------------
+    def _sbatch_options(self, node: str) -> list[str]:
+        s = self.settings
+        opts = ["--partition", s.partition, "--job-name", s.pilot_name, "--nodelist", node, "--nodes", "1",
+                "--ntasks", "1", "--exclusive", "--time", str(s.time_limit_min), "--chdir", s.workdir,
+                "--output", f"{s.log_dir}/pilot-%j.log" if s.log_dir else "/dev/null",
+                "--export", "ALL", "--no-requeue"]
+        if s.qos:
+            opts += ["--qos", s.qos]
+        if s.account:
+            opts += ["--account", s.account]
+        return opts
+
+    def _script(self) -> str:
+        return PILOT_SCRIPT.format(python=self.settings.python, root=self.settings.workdir)
+
+    def _pilot_env(self) -> dict[str, str]:
+        assert self.hub is not None
+        port = self.hub.address[1]
+        return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_TOKEN: self._token,
+                ENV_GRACE: str(self.settings.worker_grace_s)}
+
+    def _cancel_leftovers(self) -> None:
+        try:
+            old = [j.id for j in self.cli.jobs(self.settings.pilot_name, self.user) if not j.ended]
+        except SlurmUnavailable:
+            return
+        if old:
+            log.info("cancelling %d pilot(s) of an earlier run: %s", len(old), ", ".join(old))
+            self._cancel_quietly(old)
+
+    def _cancel_quietly(self, jobs: list[str]) -> None:
+        try:
+            self.cli.cancel(jobs)
+        except SlurmUnavailable as e:
+            log.warning("could not cancel %s: %s", ", ".join(jobs), e)
+
+
+def resolve_watch(settings: SlurmSettings, nodes: list[SlurmNode], cli: SlurmCli) -> list[str]:
+    """The nodes to watch, in Slurm's order: those of `settings.watch` (partitions, node names,
+    hostlists), or every node of the pilots' partition; all of them must be in that partition."""
+    in_partition = [n.name for n in nodes if settings.partition in n.partitions]
+    if not in_partition:
+        names = sorted({p for n in nodes for p in n.partitions})
+        raise SettingError("partition", f"Slurm has no partition {settings.partition!r} with nodes "
+                                        f"(it has {', '.join(names) or 'none'})")
+    if not settings.watch:
+        return in_partition
+    partitions = {p for n in nodes for p in n.partitions}
+    known = {n.name for n in nodes}
+    wanted: set[str] = set()
+    for item in settings.watch:
+        if item in partitions:
+            wanted |= {n.name for n in nodes if item in n.partitions}
+        elif item in known:
+            wanted.add(item)
+        elif "[" in item:
+            try:
+                names = cli.hostnames(item)
+            except SlurmUnavailable as e:
+                raise SettingError("watch", f"cannot expand {item!r}: {e}") from None
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise SettingError("watch", f"{item!r} names node(s) Slurm does not have: {', '.join(unknown[:5])}")
+            wanted |= set(names)
+        else:
+            raise SettingError("watch", f"Slurm has no partition or node named {item!r}")
+    outside = sorted(wanted - set(in_partition))
+    if outside:
+        raise SettingError("watch", f"{', '.join(outside[:5])} not in partition {settings.partition!r}: "
+                                    f"no pilot could run there")
+    return [n for n in in_partition if n in wanted]

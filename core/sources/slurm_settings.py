@@ -1,0 +1,110 @@
+"""How the harvester uses a Slurm cluster: where its pilot jobs go and how many, which nodes it
+watches, how often it asks, and whether it only says what it would harvest (dry run).
+Checked when built, with an error that names the setting."""
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+#: partition, QOS, account and job names as Slurm accepts them on a command line
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+WATCH_ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
+MAX_PILOTS = 100_000
+
+
+class SettingError(ValueError):
+    """A setting out of range; `field` names it (the CLI maps it to its option)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    partition: str = "scavenger"     # where pilots go: a low-priority partition Slurm preempts
+    qos: str = ""                    # optional --qos of the pilots (preempt/qos sites)
+    account: str = ""                # optional --account of the pilots
+    max_pilots: int = 64             # pilots held or waiting at once
+    time_limit_min: int = 60         # each pilot's --time; a new pilot replaces it after
+    watch: tuple[str, ...] = ()      # partitions, node names or hostlists; () = the partition's nodes
+    poll_s: float = 1.0              # how often sinfo/squeue are read (leaves come at once anyway)
+    submit_batch: int = 16           # pilots submitted per poll at most
+    pending_timeout_s: float = 60.0  # a pilot not connected after this is cancelled
+    dry_run: bool = False            # submit nothing; show what would be harvested
+    hub_host: str = "127.0.0.1"      # where the harvester listens for its pilots
+    hub_port: int = 0                # 0: any free port
+    advertise: str = ""              # the host pilots dial (default hub_host): reachable from nodes
+    pilot_name: str = "harvest-pilot"  # job name of the pilots (a leftover with it is cancelled at start)
+    python: str = sys.executable     # interpreter of the pilot batch script, on the nodes
+    workdir: str = str(ROOT)         # the pilots' working directory (this checkout, on the nodes)
+    log_dir: str = ""                # pilot output files; '' = /dev/null
+    conf: str = ""                   # SLURM_CONF for the Slurm commands; '' = the site's default
+    worker_grace_s: float = 0.0      # a preempted pilot's workers: SIGTERM, SIGKILL after this
+    #   (0: at once. The main job waits for the node, and a preempted worker holds nothing its
+    #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
+    command_timeout_s: float = 5.0   # a Slurm command slower than this counts as slurmctld away
+
+    def __post_init__(self) -> None:
+        for f in ("partition", "pilot_name"):
+            if not NAME.match(getattr(self, f)):
+                raise SettingError(f, f"{getattr(self, f)!r} is not a Slurm name (letters, digits, '.', '_', '-')")
+        for f in ("qos", "account"):
+            if getattr(self, f) and not NAME.match(getattr(self, f)):
+                raise SettingError(f, f"{getattr(self, f)!r} is not a Slurm name")
+        _whole(self, "max_pilots", 1, MAX_PILOTS)
+        _whole(self, "time_limit_min", 1, 365 * 24 * 60)
+        _whole(self, "submit_batch", 1, MAX_PILOTS)
+        _whole(self, "hub_port", 0, 65535)
+        _number(self, "poll_s", 0.1, 3600)
+        _number(self, "pending_timeout_s", 1, 7 * 24 * 3600)
+        _number(self, "worker_grace_s", 0, 600)
+        _number(self, "command_timeout_s", 0.5, 600)
+        if not isinstance(self.watch, tuple) or not all(isinstance(w, str) and WATCH_ITEM.match(w)
+                                                        for w in self.watch):
+            raise SettingError("watch", "give partition names, node names or hostlists (node[1-8]), "
+                                        "comma-separated")
+        if not self.hub_host or any(c.isspace() for c in self.hub_host + self.advertise):
+            raise SettingError("hub_host", "give a host name or address")
+        if not Path(self.python).is_absolute():
+            raise SettingError("python", f"give the interpreter's absolute path, not {self.python!r}")
+
+    @property
+    def dial_host(self) -> str:
+        """The address a pilot connects to."""
+        return self.advertise or self.hub_host
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """`main,node[1-4,7],gpu01` -> ('main', 'node[1-4,7]', 'gpu01'): commas inside brackets
+    belong to a hostlist."""
+    items, cur, depth = [], "", 0
+    for c in text:
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            items.append(cur.strip())
+            cur = ""
+        else:
+            cur += c
+    items.append(cur.strip())
+    return tuple(i for i in items if i)
+
+
+def _whole(s: SlurmSettings, f: str, lo: int, hi: int) -> None:
+    v = getattr(s, f)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise SettingError(f, f"must be a whole number from {lo} to {hi:,}, not {v!r}")
+
+
+def _number(s: SlurmSettings, f: str, lo: float, hi: float) -> None:
+    v = getattr(s, f)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise SettingError(f, f"must be a number from {lo:g} to {hi:g}, not {v!r}")

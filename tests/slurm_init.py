@@ -1,0 +1,215 @@
+"""PID 1 of the test Slurm's own PID namespace (`tests/slurm.py` starts it under
+`unshare --pid --fork --mount-proc --kill-child`): it runs munged, slurmctld and one slurmd per
+node in the foreground, reaps every process that ends in the namespace (daemons leave zombies
+where PID 1 does not), and obeys one-line commands on stdin:
+
+    stop-ctld    stop slurmctld (as if it crashed or was taken down for maintenance)
+    start-ctld   start it again on its saved state, wait until it answers
+    quit         cancel every job, wait until no slurmstepd is left, stop the daemons, report
+                 any process still alive in the namespace, exit (the kernel then kills the rest)
+
+Each answer is one line on stdout: `ok ...`, `error ...` or `bye <json leftovers>`. EOF on stdin
+(the test process died) means quit.
+
+    python -m tests.slurm_init DIR node1,node2,...
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+STOP_WAIT_S = 10.0
+READY_WAIT_S = 30.0
+
+
+class Init:
+    def __init__(self, workdir: Path, nodes: list[str]) -> None:
+        self.dir = workdir
+        self.nodes = nodes
+        self.conf = workdir / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.pids: dict[str, int] = {}           # daemon name -> pid
+        self.exited: dict[int, int] = {}         # pid -> wait status, for our own daemons
+
+    # ---- processes --------------------------------------------------------------------------
+    def spawn(self, name: str, argv: list[str]) -> int:
+        log = open(self.dir / "log" / f"{name}.out", "ab")
+        proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)
+        log.close()
+        self.pids[name] = proc.pid
+        return proc.pid
+
+    def reap(self) -> None:
+        """Collect every child that ended: ours and the orphans the namespace hands to PID 1."""
+        ours = set(self.pids.values())
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in ours:
+                self.exited[pid] = status
+
+    def alive(self, name: str) -> bool:
+        self.reap()
+        pid = self.pids.get(name)
+        return pid is not None and pid not in self.exited
+
+    def stop(self, names: list[str]) -> None:
+        """SIGTERM these daemons together, SIGKILL what is left after STOP_WAIT_S."""
+        live = [n for n in names if self.alive(n)]
+        for n in live:
+            os.kill(self.pids[n], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(self.alive(n) for n in live) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for n in live:
+            if self.alive(n):
+                os.kill(self.pids[n], signal.SIGKILL)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(self.alive(n) for n in live) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def slurm(self, *argv: str, timeout: float = 10.0) -> subprocess.CompletedProcess:
+        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        self.reap()
+        return r
+
+    def wait(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} within {timeout:g} s")
+            time.sleep(0.05)
+
+    # ---- daemons ----------------------------------------------------------------------------
+    def start_munge(self) -> None:
+        d = self.dir
+        # --force: a test's folder is private (0700), which munged refuses for its socket otherwise
+        self.spawn("munged", ["munged", "-F", "--force", f"--key-file={d / 'munge.key'}",
+                              f"--socket={d / 'munge' / 'munge.socket.2'}",
+                              f"--pid-file={d / 'run' / 'munged.pid'}",
+                              f"--log-file={d / 'log' / 'munged.log'}",
+                              f"--seed-file={d / 'state' / 'munge.seed'}"])
+        self.wait(lambda: (d / "munge" / "munge.socket.2").exists() or not self.alive("munged"),
+                  READY_WAIT_S, "munged to create its socket")
+        if not self.alive("munged"):
+            raise RuntimeError("munged exited; see log/munged.out")
+
+    def start_ctld(self) -> None:
+        self.spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+
+        def up() -> bool:
+            if not self.alive("slurmctld"):
+                raise RuntimeError("slurmctld exited; see log/slurmctld.log")
+            return "is UP" in self.slurm("scontrol", "ping").stdout
+        self.wait(up, READY_WAIT_S, "slurmctld to answer scontrol ping")
+
+    def start_nodes(self) -> None:
+        for n in self.nodes:
+            self.spawn(f"slurmd-{n}", ["slurmd", "-D", "-f", str(self.conf), "-N", n])
+
+        def all_idle() -> bool:
+            out = self.slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").stdout.split()
+            return set(self.nodes) <= set(out)
+        self.wait(all_idle, READY_WAIT_S, "every slurmd to register idle")
+
+    # ---- shutdown ---------------------------------------------------------------------------
+    def stepds(self) -> list[int]:
+        return [pid for pid, comm in processes() if comm.startswith("slurmstepd")]
+
+    def quit(self) -> list[str]:
+        if self.alive("slurmctld"):
+            try:
+                jobs = self.slurm("squeue", "-h", "-o", "%i").stdout.split()
+                if jobs:
+                    self.slurm("scancel", "--full", "-s", "KILL", *jobs)
+                    self.slurm("scancel", *jobs)
+                    self.wait(lambda: not self.slurm("squeue", "-h", "-t", "R,CG,PD", "-o", "%i").stdout.split(),
+                              STOP_WAIT_S * 2, "every job to end")
+            except (TimeoutError, subprocess.TimeoutExpired) as e:
+                print(f"# {e}", file=sys.stderr, flush=True)
+        try:
+            self.wait(lambda: not self.stepds(), STOP_WAIT_S * 2, "every slurmstepd to exit")
+        except TimeoutError as e:
+            print(f"# {e}", file=sys.stderr, flush=True)
+        self.stop([n for n in self.pids if n.startswith("slurmd-")])
+        self.stop(["slurmctld"])
+        self.stop(["munged"])
+        self.reap()
+        return [f"{pid} {comm}" for pid, comm in processes() if pid != os.getpid()]
+
+
+def processes() -> list[tuple[int, str]]:
+    """(pid, comm) of every live process this /proc shows (the namespace's own)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        if raw[raw.rindex(")") + 2:].split()[0] != "Z":
+            out.append((int(entry.name), comm))
+    return out
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def serve(init: Init) -> None:
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.1)
+        init.reap()
+        if not ready:
+            continue
+        line = sys.stdin.readline()
+        cmd = line.strip()
+        if not line or cmd == "quit":
+            say("bye " + json.dumps(init.quit()))
+            return
+        try:
+            if cmd == "stop-ctld":
+                init.stop(["slurmctld"])
+                say("ok stopped")
+            elif cmd == "start-ctld":
+                init.start_ctld()
+                say("ok started")
+            else:
+                say(f"error unknown command {cmd!r}")
+        except (RuntimeError, TimeoutError, OSError) as e:
+            say(f"error {e}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    init = Init(Path(argv[0]), argv[1].split(","))
+    try:
+        init.start_munge()
+        init.start_ctld()
+        init.start_nodes()
+    except (RuntimeError, TimeoutError, OSError) as e:
+        say(f"error {e}")
+        init.quit()
+        return 1
+    say("ok " + json.dumps({name: pid for name, pid in init.pids.items()}))
+    serve(init)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

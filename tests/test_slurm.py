@@ -1,0 +1,254 @@
+"""The Slurm node source against a real Slurm 22.05 on loopback (tests/slurm.py: munged,
+slurmctld and 8 slurmd in their own PID namespace, a preemptible `scavenger` partition).
+
+The acceptance path goes through `python -m app --source slurm`: pilots take the 8 idle nodes, a
+job registered through the API trains on them with real worker processes inside the pilots, a
+main job of 4 nodes starts within 2 s because the pilots give the nodes back, the job shrinks
+and keeps training, nothing of a preempted pilot is left, the nodes are harvested again when the
+main job ends and the job grows back; with slurmctld gone the source is stale and the job keeps
+its nodes, and when slurmctld returns everything goes on."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.web import source_badge
+from core.controller import ControllerConfig
+from core.dispatchers.simulated import SimulatedDispatcher
+from core.schemas import JobSpec
+from core.service import LiveHarvester
+from core.snapshot import HELD
+from core.sources.pilot_hub import PilotHub
+from core.sources.pilot_wire import HELLO, Wire
+from core.sources.slurm import SlurmSource, resolve_watch
+from core.sources.slurm_cli import SlurmCli
+from core.sources.slurm_settings import SettingError, SlurmSettings, split_list
+from tests.conftest import run_module
+from tests.server import ROOT, start_app
+from tests.slurm import alive, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+
+GLOBAL_BATCH = 64
+NODES = [f"node{i}" for i in range(1, 9)]
+
+
+def wait(cond, timeout, what, diag=None, period=0.05):
+    t0 = time.monotonic()
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {diag()}" if diag else ""))
+        time.sleep(period)
+
+
+def pilot_processes(job_ids) -> list[int]:
+    return [p for j in job_ids for p in processes_with_env(f"SLURM_JOB_ID={j}")]
+
+
+@pytest.fixture
+def cluster(slurm_cluster):
+    slurm_cluster.wait_quiet()
+    yield slurm_cluster
+    slurm_cluster.wait_quiet()
+
+
+# ---- the acceptance path, through the API ------------------------------------------------------
+def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_path):
+    app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
+                    "--slurm-pilot-logs", str(tmp_path), "--tfwd", "600", "--workdir", str(ROOT))
+    try:
+        jid = _acceptance(app, cluster)
+    finally:
+        app.stop()
+    print(app.output()[-3000:])
+    assert not [j for j in cluster.jobs().values() if j["job_state"] in ("RUNNING", "PENDING")
+                and j["name"] == "harvest-pilot"], "the harvester cancels its pilots when it stops"
+    wait(lambda: not processes_with_env(f"HARVEST_JOB={jid}"), 15, "every worker gone with its pilot")
+
+
+def _acceptance(app, cluster):
+    clu = lambda: app.get("/api/cluster")[1]
+    c = wait(lambda: (lambda b: b if b["kpis"]["idle"] == 8 else None)(clu()), 60, "pilots on all 8 nodes", clu)
+    assert [n["name"] for n in c["nodes"]] == NODES, "the grid shows Slurm's own node names"
+    assert c["source"]["state"] == "ok" and c["config"]["dispatcher"] == "pilot", c["source"]
+    assert all("Slurm: " in n["source"] for n in c["nodes"]), c["nodes"][0]
+    pilots = {j["nodes"]: j["job_id"] for j in cluster.jobs().values()
+              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
+    assert sorted(pilots) == NODES, pilots
+
+    status, job = app.request("POST", "/api/jobs", {
+        "name": "digits on slurm", "min_nodes": 1, "max_nodes": 8, "total_samples": GLOBAL_BATCH * 10**6,
+        "curve": "1:100, 8:800", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
+        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
+        token=app.token("alice"))
+    assert status == 201, job
+    jid = job["id"]
+    get = lambda: app.get(f"/api/jobs/{jid}")[1]
+    workers = lambda: get().get("workers") or {}
+    world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
+                       and get()["nodes"] == k)
+    wait(world(8), 150, "the job training on 8 nodes", workers)
+    for n in NODES:       # each worker runs inside the pilot that holds its node
+        env = [e for e in processes_with_env(f"HARVEST_NODE={n}").values() if f"HARVEST_JOB={jid}".encode() in e]
+        assert len(env) == 1 and f"SLURM_JOB_ID={pilots[n]}".encode() in env[0].split(b"\0"), n
+
+    # a main job needs 4 nodes: Slurm preempts 4 pilots, which give their nodes back at once
+    t0 = time.monotonic()
+    main = cluster.sbatch("-p", "main", "-N", "4", "--wrap", "sleep 5", "-o", "/dev/null")
+    wait(lambda: cluster.job_state(main) == "RUNNING", 10, "the main job to start", period=0.02)
+    main_start = time.monotonic() - t0
+    taken = cluster.run("scontrol", "show", "hostnames", cluster.jobs()[main]["nodes"]).stdout.split()
+    assert main_start < 2.0, f"the main job started {main_start:.2f} s after its submission"
+    print(f"main job started {main_start:.2f} s after its submission")
+    step = wait(lambda: world(4)() and workers()["committed_step"], 30, "the job shrunk to 4", workers)
+    nodes = lambda: {n["name"]: n for n in clu()["nodes"]}
+    wait(lambda: all(nodes()[n]["state"] == "busy" and nodes()[n]["source"] == "Slurm: allocated" for n in taken),
+         5, "the grid to show the main job's nodes busy, allocated in Slurm", nodes)
+    wait(lambda: not pilot_processes(pilots[n] for n in taken), 10, "nothing left of the preempted pilots")
+    wait(lambda: workers()["committed_step"] > step + 5, 30, "the job to keep training on 4 nodes", workers)
+
+    # the main job ends: the 4 nodes are harvested again and the job grows back
+    wait(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING"), 15, "the main job's end")
+    wait(lambda: clu()["kpis"]["idle"] == 8, 60, "the 4 nodes harvested again", clu)
+    wait(world(8), 150, "the job grown back to 8", workers)
+    assert get()["state"] == "running"
+
+    # slurmctld goes away: the source is stale, the job keeps its nodes and trains on
+    cluster.stop_controller()
+    try:
+        src = wait(lambda: (lambda s: s if s["state"] == "stale" else None)(clu()["source"]), 30,
+                   "the source marked stale", clu)
+        assert "Slurm" in src["detail"], src
+        step = workers()["committed_step"]
+        wait(lambda: workers()["committed_step"] > step + 5, 30, "training while slurmctld is away", workers)
+        assert get()["nodes"] == 8 and clu()["kpis"]["idle"] == 8
+        assert app.get("/api/health")[1]["source"]["state"] == "stale"
+    finally:
+        cluster.start_controller()
+    wait(lambda: clu()["source"]["state"] == "ok", 30, "the source back to ok", clu)
+    assert get()["nodes"] == 8 and get()["state"] == "running"
+    main = cluster.sbatch("-p", "main", "-N", "2", "--wrap", "sleep 1", "-o", "/dev/null")
+    wait(world(6), 30, "a leave after slurmctld's return", workers)
+    wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 30, "the main job's end")
+    return jid
+
+
+# ---- the source in process ---------------------------------------------------------------------
+def harvester(tmp_path, cluster, **settings) -> LiveHarvester:
+    source = SlurmSource(SlurmSettings(conf=str(cluster.conf), **settings))
+    h = LiveHarvester(tmp_path / "h.db", source, SimulatedDispatcher(), ControllerConfig(tfwd=600), tick_s=0.2)
+    h.open()
+    return h
+
+
+def test_dry_run_only_shows_what_it_would_harvest(cluster, tmp_path):
+    main = cluster.sbatch("-p", "main", "-N", "2", "-w", "node1,node2", "--wrap", "sleep 30", "-o", "/dev/null")
+    wait(lambda: cluster.job_state(main) == "RUNNING", 15, "a main job on node1, node2")
+    h = harvester(tmp_path, cluster, dry_run=True, max_pilots=5)
+    try:
+        st = wait(lambda: (lambda s: s if "would" in s["detail"] else None)(h.snapshot.source_status), 15,
+                  "the dry run's verdict")
+        assert st["state"] == "dry-run"
+        assert st["detail"] == "would harvest 5 node(s): node3, node4, node5, node6, node7", st
+        time.sleep(1.5)
+        live = [j["name"] for j in cluster.jobs().values() if j["job_state"] in ("PENDING", "RUNNING", "COMPLETING")]
+        assert live == ["wrap"], "nothing submitted but the main job"
+        snap = h.snapshot
+        assert snap.kpis["idle"] == 0 and set(snap.state) != {HELD}
+        info = dict(zip(snap.nodes, snap.node_info))
+        assert info["node1"] == "Slurm: allocated" and info["node3"] == "Slurm: idle, would harvest (dry run)"
+        assert info["node8"] == "Slurm: idle"
+    finally:
+        h.close()
+        cluster.run("scancel", main)
+
+
+def test_a_pilot_killed_without_a_word_is_a_leave_and_its_node_is_harvested_again(cluster, tmp_path):
+    h = harvester(tmp_path, cluster, watch=("node[1-3]",))
+    try:
+        assert h.source.node_names() == ["node1", "node2", "node3"]
+        wait(lambda: h.snapshot.kpis["idle"] == 3, 30, "pilots on node1..3")
+        job = h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=3, total_samples=1e12, curve="1:100, 3:300",
+                               scale_up_seconds=0, scale_down_seconds=0), "alice")
+        wait(lambda: h.snapshot.job(job.id)["nodes"] == 3, 10, "the job on 3 nodes")
+        pilot = h.source.hub.link("node2")
+        pids = list(processes_with_env(f"SLURM_JOB_ID={pilot.job}"))
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)     # no SIGTERM, no message: the connection just ends
+        wait(lambda: h.snapshot.job(job.id)["nodes"] == 2, 5, "the leave")
+        h.controller.flush()
+        details = [r[0] for r in h.controller.store.db.execute(
+            "select detail from events where node = 'node2' and kind = 'node_leave'")]
+        assert details and "lost its connection" in details[-1], details
+        wait(lambda: h.snapshot.job(job.id)["nodes"] == 3, 30, "node2 harvested again by a new pilot")
+        assert h.source.hub.link("node2").job != pilot.job
+    finally:
+        h.close()
+    assert not pilot_processes([pilot.job])
+
+
+def test_the_hub_refuses_a_pilot_without_the_token():
+    seen = []
+    hub = PilotHub("the-right-token", lambda link: seen.append(link), lambda link, why: None)
+    try:
+        for token in ("a-wrong-token", 12, None):
+            with socket.create_connection(hub.address, timeout=5) as s:
+                w = Wire(s)
+                w.send({"op": HELLO, "token": token, "job": "1", "node": "node1", "pid": 1})
+                assert w.recv() is None, "the hub closes the connection"
+        with socket.create_connection(hub.address, timeout=5) as s:
+            Wire(s).send({"op": HELLO, "token": "the-right-token", "job": "7", "node": "node1", "pid": 1})
+            wait(lambda: hub.link("node1"), 5, "the valid pilot")
+        assert [l.job for l in seen] == ["7"]
+        wait(lambda: hub.link("node1") is None, 5, "its end")
+    finally:
+        hub.close()
+
+
+def test_watch_takes_partitions_nodes_and_hostlists(cluster):
+    cli = SlurmCli(str(cluster.conf))
+    nodes = cli.nodes()
+    assert [n.name for n in nodes] == NODES and all(n.free for n in nodes)
+    watch = lambda *w: resolve_watch(SlurmSettings(watch=w), nodes, cli)
+    assert watch() == NODES
+    assert watch("main") == NODES
+    assert watch("node[2-3,7]", "node1") == ["node1", "node2", "node3", "node7"]
+    with pytest.raises(SettingError, match="no partition or node named 'gpu'"):
+        watch("gpu")
+    with pytest.raises(SettingError, match="does not have: node9"):
+        watch("node[8-9]")
+    with pytest.raises(SettingError, match="no partition 'debug'"):
+        resolve_watch(SlurmSettings(partition="debug"), nodes, cli)
+
+
+def test_settings_are_checked_with_the_option_named():
+    assert split_list("main, node[1-4,7],gpu01") == ("main", "node[1-4,7]", "gpu01")
+    for bad, field in ((dict(max_pilots=0), "max_pilots"), (dict(poll_s=float("nan")), "poll_s"),
+                       (dict(partition="scav enger"), "partition"), (dict(time_limit_min=0), "time_limit_min"),
+                       (dict(watch=("node[1-2]; rm",)), "watch"), (dict(python="python3"), "python"),
+                       (dict(worker_grace_s=-1), "worker_grace_s")):
+        with pytest.raises(SettingError) as e:
+            SlurmSettings(**bad)
+        assert e.value.field == field
+    r = run_module("app", "--source", "slurm", "--slurm-time-limit", "0")
+    assert r.returncode == 2 and "error: --slurm-time-limit: must be a whole number" in r.stderr, r.stderr
+    r = run_module("app", "--source", "slurm", "--dispatch", "ssh")
+    assert r.returncode == 2 and "use --dispatch pilot" in r.stderr, r.stderr
+    r = run_module("app", "--source", "slurm", "--slurm-conf", "/nonexistent/slurm.conf")
+    assert r.returncode == 2 and "error: cannot read Slurm" in r.stderr, r.stderr
+
+
+def test_the_status_bar_badge_shows_a_stale_source():
+    badge = source_badge({"name": "slurm", "state": "stale", "detail": "cannot read Slurm: sinfo: ...",
+                          "since": 1_700_000_000.0})
+    assert "source-stale" in badge.className and badge.children.startswith("slurm: stale since")
+    assert badge.title.startswith("cannot read Slurm")
+    assert "source-ok" in source_badge({"name": "slurm", "state": "ok"}).className
