@@ -5,9 +5,9 @@ model as the web form.
     POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
     GET    /api/health
     GET    /api/cluster        [?nodes=0 to leave out the per-node list]
-    GET    /api/jobs           [?state=running&owner=alice]
+    GET    /api/jobs           [?state=running&owner=alice]; each with the profiler's confidence
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
-    GET    /api/jobs/<id>
+    GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
     POST   /api/replay/<pause|resume|speed>    staff only
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
@@ -27,6 +27,7 @@ from core.snapshot import BUSY, HELD
 
 from . import context
 from .auth import TOKEN_TTL_S
+from .format import finite
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
 
@@ -42,7 +43,7 @@ def _err(status: int, message: str, **extra):
 def _job_json(j: dict) -> dict:
     return {k: j[k] for k in ("id", "name", "owner", "state", "nodes", "min_nodes", "max_nodes", "priority",
                               "samples_per_second", "samples_done", "total_samples", "progress", "eta",
-                              "submit_time", "start_time", "end_time")}
+                              "submit_time", "start_time", "end_time")} | {"confidence": j.get("confidence")}
 
 
 def register(server: flask.Flask) -> None:
@@ -108,6 +109,7 @@ def register(server: flask.Flask) -> None:
         if st:
             body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
                                                      "committed_step", "loss", "lost", "last_rescale")}
+        body["profile"] = finite(h.profile(job_id))
         body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
                           snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
                           snap.config.get("tfwd", 10.0), snap.config.get("policy", ""))

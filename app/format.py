@@ -1,6 +1,7 @@
 """Numbers and times as the pages print them."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
@@ -30,3 +31,15 @@ def duration(s: Optional[float]) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def finite(value):
+    """The value with every NaN or infinity as None, inside dicts and lists too: browsers'
+    JSON.parse refuses the bare words Python's json writes for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
