@@ -13,7 +13,7 @@ import re
 import threading
 import time
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -25,15 +25,28 @@ from core.snapshot import BUSY, HELD, IDLE, Snapshot
 _NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
 
 #: cell codes (z of the heatmap): busy with the main scheduler, idle and unused, rescaling,
-#: then one code per job colour slot.
+#: then one code per job colour slot, then the same slots probing (a job at a size it has no
+#: throughput sample at yet: a lighter shade of its colour).
 C_BUSY, C_IDLE, C_RESCALE, C_JOB0 = 0, 1, 2, 3
 BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4c566a", "#eceff4", "#f5a000"
 JOB_COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#e377c2", "#8c564b",
                "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#31a354",
                "#de2d26", "#756bb1", "#08519c", "#006d2c", "#a50f15", "#54278f")
-N_CODES = C_JOB0 + len(JOB_COLOURS)
+C_PROBE0 = C_JOB0 + len(JOB_COLOURS)
+N_CODES = C_PROBE0 + len(JOB_COLOURS)
+#: how far towards white a probing job's shade is
+PROBE_LIGHTEN = 0.55
 #: above this many changed cells a full resend is smaller than per-cell patches
 PATCH_LIMIT = 600
+
+
+def lighter(colour: str, amount: float = PROBE_LIGHTEN) -> str:
+    """`colour` (#rrggbb) moved `amount` of the way to white."""
+    rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * amount):02x}" for c in rgb)
+
+
+PROBE_COLOURS = tuple(lighter(c) for c in JOB_COLOURS)
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,7 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
     live = set(names)
     book.release_except(live)
     info = snap.node_info
+    sizes = Counter(j for j in snap.job_of if j in snap.probing) if snap.probing else {}
     for i, (st, job) in enumerate(zip(snap.state, snap.job_of)):
         since = _when(snap.since[i] if snap.since else None)
         if info and info[i]:
@@ -149,6 +163,9 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
             if job in snap.rescaling:
                 codes[i] = C_RESCALE
                 text.append(f"rescaling {names.get(job, job)}{since}")
+            elif job in sizes:
+                codes[i] = C_PROBE0 + book.slot(job)
+                text.append(f"{names.get(job, job)}{since}<br>probing: no sample at {sizes[job]} nodes yet")
             else:
                 codes[i] = C_JOB0 + book.slot(job)
                 text.append(f"{names.get(job, job)}{since}")
@@ -177,7 +194,7 @@ def names_matrix(layout: Layout, names: Sequence[str]) -> list[list[str]]:
 
 
 def colourscale() -> list[list]:
-    colours = [BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR, *JOB_COLOURS]
+    colours = [BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR, *JOB_COLOURS, *PROBE_COLOURS]
     n = len(colours)
     scale = []
     for k, c in enumerate(colours):

@@ -14,11 +14,13 @@ KPI = "kpi"                   # container of KPI cards
 KPI_IDLE, KPI_HARVESTED, KPI_HARVEST_PCT = "kpi-idle", "kpi-harvested", "kpi-harvest-pct"
 KPI_RATE, KPI_JOBS = "kpi-rate", "kpi-jobs"
 LEGEND = "legend"
+LEGEND_PROBING = "legend-probing"     # the legend's entry for nodes of a job at an untried size
 TL_NODES, TL_RATE, TL_KEY = "timeline-nodes", "timeline-rate", "timeline-key"
 
 # jobs page
 JOBS_TABLE = "jobs-table"
 JOBS_STATE = "jobs-filter-state"
+JOBS_CURVE = "jobs-filter-curve"      # the profiler's confidence in each job's curve
 JOBS_SEARCH = "jobs-filter-search"
 JOBS_COUNT = "jobs-count"
 FORM = "job-form"
@@ -38,6 +40,9 @@ def field_error(name: str) -> str:
 JOB_ID = "job-id"
 JOB_HEAD, JOB_WHY, JOB_CURVE, JOB_NODES, JOB_PROGRESS = (
     "job-head", "job-why", "job-curve", "job-nodes", "job-progress")
+JOB_PROFILE = "job-profile"   # what the profiler learned: costs, model, peak, confidence
+JOB_PROBES = "job-probes"     # the job's probes: time, nodes, why
+JOB_PROBES_BOX, JOB_PROBES_TITLE = "job-probes-box", "job-probes-title"
 JOB_EVENTS = "job-events"
 JOB_CANCEL, JOB_CANCEL_RESULT = "job-cancel", "job-cancel-result"
 

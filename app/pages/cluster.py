@@ -6,7 +6,8 @@ from dash import Input, Output, Patch, State, dcc, html, no_update
 
 from app import context, ids
 from app.format import si
-from app.grid import BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, RESCALE_COLOUR, grid_figure, grid_patch
+from app.grid import (BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure,
+                      grid_patch)
 
 dash.register_page(__name__, path="/", name="Cluster", title="Cluster · harvester")
 
@@ -100,20 +101,25 @@ def update_kpis(_n):
         return ("–",) * 5 + ("",)
     legend = [_swatch(BUSY_COLOUR, "busy (main scheduler)"), _swatch(IDLE_COLOUR, "idle, unused"),
               _swatch(RESCALE_COLOUR, "rescaling")]
+    if snap.config.get("jpa"):
+        legend.append(_swatch(PROBE_COLOURS[0], "probing (a lighter shade): no sample at that size yet",
+                              ids.LEGEND_PROBING))
     context.cells.cells(snap)       # assigns colour slots in the same order as the grid
     book = context.cells.book
     for j in sorted((j for j in snap.jobs if j["state"] == "running" and j["nodes"] > 0),
                     key=lambda j: -j["nodes"]):
-        colour = JOB_COLOURS[book.slot(j["id"])]
-        legend.append(html.A(_swatch(colour, f'{j["name"] or j["id"]}: {j["nodes"]}'),
-                             href=f'/jobs/{j["id"]}', className="legend-link"))
+        probing = j["id"] in snap.probing
+        colour = (PROBE_COLOURS if probing else JOB_COLOURS)[book.slot(j["id"])]
+        label = f'{j["name"] or j["id"]}: {j["nodes"]}' + (" (probing)" if probing else "")
+        legend.append(html.A(_swatch(colour, label), href=f'/jobs/{j["id"]}', className="legend-link"))
     return (f'{k["idle"]:,}', f'{k["harvested"]:,}', f'{k["harvest_pct"]:.1f} %',
             si(k["samples_per_second"]), f'{k["running"]} / {k["queued"]}', legend)
 
 
-def _swatch(colour: str, label: str) -> html.Span:
+def _swatch(colour: str, label: str, id_: str = "") -> html.Span:
+    extra = {"id": id_} if id_ else {}
     return html.Span([html.Span(className="swatch", style={"background": colour}), label],
-                     className="legend-item")
+                     className="legend-item", **extra)
 
 
 @dash.callback(Output(ids.TL_NODES, "figure"), Output(ids.TL_RATE, "figure"), Output(ids.TL_KEY, "data"),
