@@ -20,11 +20,15 @@ COLUMNS = [
     {"id": "nodes", "name": "nodes now", "type": "numeric"},
     {"id": "rate", "name": "samples/s", "type": "numeric"},
     {"id": "progress", "name": "progress %", "type": "numeric"},
+    {"id": "curve", "name": "curve"},
     {"id": "eta", "name": "ETA (sim)"}, {"id": "submitted", "name": "submitted (sim)"},
 ]
 SORT_KEYS = {"link": "id", "name": "name", "owner": "owner", "state": "state", "nodes": "nodes",
-             "rate": "samples_per_second", "progress": "progress", "eta": "eta",
+             "rate": "samples_per_second", "progress": "progress", "curve": "confidence", "eta": "eta",
              "submitted": "submit_time"}
+#: the profiler's confidence in a job's curve, from resting on nothing to well measured (the
+#: "curve" column sorts in this order, not by the word)
+CONFIDENCE = ("prior", "given", "low", "medium", "high")
 FIELDS = {  # field: (label, placeholder/default, hint)
     "name": ("Name", "", "what the job trains, e.g. resnet50-imagenet"),
     "min_nodes": ("Min nodes", "1", "smallest size it can run at"),
@@ -50,6 +54,8 @@ def layout(**_):
                          multi=True, placeholder="any state", className="filter-state"),
             dcc.Input(id=ids.JOBS_SEARCH, type="text", placeholder="search id, name or owner",
                       debounce=True, className="filter-search"),
+            dcc.Dropdown(id=ids.JOBS_CURVE, options=[{"label": f"curve: {c}", "value": c} for c in CONFIDENCE],
+                         multi=True, placeholder="any curve", className="filter-curve"),
             html.Span(id=ids.JOBS_COUNT, className="muted"),
         ], className="filters"),
         dash_table.DataTable(
@@ -80,8 +86,10 @@ def _form(user) -> html.Div:
                      html.Div(id=ids.FORM_RESULT, className="form-result")], id=ids.FORM, className="form")
 
 
-def _matches(job: dict, states, text: str) -> bool:
+def _matches(job: dict, states, text: str, curves=None) -> bool:
     if states and job["state"] not in states:
+        return False
+    if curves and job.get("confidence") not in curves:
         return False
     if text:
         t = text.lower()
@@ -89,19 +97,27 @@ def _matches(job: dict, states, text: str) -> bool:
     return True
 
 
-def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE):
-    sel = [j for j in jobs if _matches(j, states, (text or "").strip())]
+def _sort_value(job: dict, key: str):
+    value = job[key]
+    if key == "confidence":
+        return CONFIDENCE.index(value) if value in CONFIDENCE else len(CONFIDENCE)
+    return value
+
+
+def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
+    sel = [j for j in jobs if _matches(j, states, (text or "").strip(), curves)]
     if sort_by:
         key = SORT_KEYS.get(sort_by[0]["column_id"], "submit_time")
         rev = sort_by[0]["direction"] == "desc"
         present = [j for j in sel if j.get(key) is not None]
         absent = [j for j in sel if j.get(key) is None]
-        sel = sorted(present, key=lambda j: j[key], reverse=rev) + absent
+        sel = sorted(present, key=lambda j: _sort_value(j, key), reverse=rev) + absent
     total = len(sel)
     page_rows = sel[page * size:(page + 1) * size]
     out = [{"link": f'[{j["id"]}](/jobs/{j["id"]})', "name": j["name"], "owner": j["owner"] or "job set",
             "state": j["state"], "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
-            "progress": round(100 * j["progress"], 1), "eta": short_time(j["eta"]),
+            "progress": round(100 * j["progress"], 1), "curve": j.get("confidence") or "",
+            "eta": short_time(j["eta"]),
             "submitted": short_time(j["submit_time"])} for j in page_rows]
     return out, total
 
@@ -110,10 +126,10 @@ def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE):
                Output(ids.JOBS_COUNT, "children"),
                Input(ids.TICK, "n_intervals"), Input(ids.JOBS_STATE, "value"),
                Input(ids.JOBS_SEARCH, "value"), Input(ids.JOBS_TABLE, "sort_by"),
-               Input(ids.JOBS_TABLE, "page_current"))
-def update_table(_n, states, text, sort_by, page):
+               Input(ids.JOBS_TABLE, "page_current"), Input(ids.JOBS_CURVE, "value"))
+def update_table(_n, states, text, sort_by, page, curves):
     snap = context.harvester.snapshot
-    rows, total = table_rows(snap.jobs, states, text, sort_by, page or 0)
+    rows, total = table_rows(snap.jobs, states, text, sort_by, page or 0, curves=curves)
     pages = max(1, -(-total // PAGE_SIZE))
     return rows, pages, f"{total:,} job{'s' if total != 1 else ''}"
 
