@@ -1,5 +1,5 @@
-"""One job: its scaling curve, nodes and progress over time, its events, and why it has the
-nodes it has."""
+"""One job: its scaling curve (what the profiler learned, when it is on), nodes and progress over
+time, its probes and events, and why it has the nodes it has."""
 from __future__ import annotations
 
 import dash
@@ -8,7 +8,8 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 from core.explain import why
 
 from app import context, ids
-from app.format import duration, si, sim_time
+from app.curve import curve_figure, probe_rows, probes_title, profile_line
+from app.format import duration, finite, si, sim_time
 
 dash.register_page(__name__, path_template="/jobs/<job_id>", name="Job", title="Job · harvester")
 
@@ -26,6 +27,13 @@ def layout(job_id=None, **_):
             dcc.Graph(id=ids.JOB_NODES, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_PROGRESS, config={"displayModeBar": False}, className="job-graph"),
         ], className="job-graphs"),
+        html.P(id=ids.JOB_PROFILE, className="profile-line", style={"display": "none"}),
+        html.Div([
+            html.H3("Probes", id=ids.JOB_PROBES_TITLE),
+            dash_table.DataTable(id=ids.JOB_PROBES, columns=[{"id": c, "name": c} for c in ("time", "nodes", "why")],
+                                 data=[], page_size=8, style_cell={"fontSize": 13, "padding": "3px 8px",
+                                                                   "whiteSpace": "normal", "height": "auto"}),
+        ], id=ids.JOB_PROBES_BOX, style={"display": "none"}),
         html.H3("Events"),
         dash_table.DataTable(id=ids.JOB_EVENTS, columns=[{"id": c, "name": c} for c in ("time", "kind", "node", "detail")],
                              data=[], page_size=15, style_cell={"fontSize": 13, "padding": "3px 8px"}),
@@ -43,17 +51,20 @@ def _queue_position(snap, job_id):
 @dash.callback(Output(ids.JOB_HEAD, "children"), Output(ids.JOB_WHY, "children"),
                Output(ids.JOB_CURVE, "figure"), Output(ids.JOB_NODES, "figure"),
                Output(ids.JOB_PROGRESS, "figure"), Output(ids.JOB_EVENTS, "data"),
-               Output(ids.JOB_CANCEL, "style"),
+               Output(ids.JOB_CANCEL, "style"), Output(ids.JOB_PROFILE, "children"),
+               Output(ids.JOB_PROFILE, "style"), Output(ids.JOB_PROBES, "data"), Output(ids.JOB_PROBES_BOX, "style"),
+               Output(ids.JOB_PROBES_TITLE, "children"),
                Input(ids.TICK, "n_intervals"), Input(ids.JOB_ID, "data"))
 def update_job(n, job_id):
     if n and n % 2:       # every other second is plenty for one job
-        return (no_update,) * 7
+        return (no_update,) * 12
+    hidden = {"display": "none"}
     h, hist = context.harvester, context.history
     snap = h.snapshot
     job = h.job(job_id) if job_id else None
     info = snap.job(job_id) if job_id else None
     if job is None or info is None:
-        return html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], {"display": "none"}
+        return html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, ""
     cfg = snap.config
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
                cfg["max_jobs"], cfg["tfwd"], cfg["policy"], _queue_position(snap, job_id))
@@ -74,9 +85,13 @@ def update_job(n, job_id):
     thr = hist.job_throughput(job_id)
     allocs = hist.job_allocations(job_id)
     events = job_log(hist.job_events(job_id), allocs)
-    return (head, line, curve_figure(job, info, hist.job_curve_points(job_id)),
+    profile = finite(h.profile(job_id))
+    measured = hist.job_curve_points(job_id) if profile is None else []
+    shown = {} if profile is not None else hidden
+    return (head, line, curve_figure(job, info, measured, profile),
             nodes_figure(allocs, snap.time, info), progress_figure(thr, snap.time, info, job.total_samples),
-            events, {} if can_cancel else {"display": "none"})
+            events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
+            probe_rows(profile), shown, probes_title(profile))
 
 
 def job_log(events, allocs, limit=200) -> list[dict]:
@@ -94,33 +109,6 @@ def _fact(k, v):
 
 def _empty():
     return {"data": [], "layout": {"height": 280}}
-
-
-def curve_figure(job, info, measured) -> dict:
-    """The curve the allocator uses, the measured points, and where the job is now."""
-    top = max(job.max_nodes, max(job.curve.nodes))
-    xs = list(range(0, top + 1, max(1, top // 200)))
-    if xs[-1] != top:
-        xs.append(top)
-    data = [{"type": "scatter", "mode": "lines", "name": "curve in use", "x": xs,
-             "y": [job.curve(x) if x >= job.min_nodes else 0 for x in xs], "line": {"color": "#5e81ac"}},
-            {"type": "scatter", "mode": "markers", "name": "given points", "x": list(job.curve.nodes),
-             "y": list(job.curve.samples_per_second), "marker": {"color": "#5e81ac", "size": 7}}]
-    if measured:
-        data.append({"type": "scatter", "mode": "markers", "name": "measured",
-                     "x": [m["nodes"] for m in measured], "y": [m["samples_per_second"] for m in measured],
-                     "marker": {"color": "#d08770", "size": 9, "symbol": "diamond"}})
-    n = info["nodes"]
-    if n:
-        data.append({"type": "scatter", "mode": "markers", "name": f"now: {n} nodes", "x": [n],
-                     "y": [job.curve(n)], "marker": {"color": "#bf616a", "size": 14, "symbol": "star"}})
-    return {"data": data, "layout": {
-        "title": {"text": "Scaling curve", "font": {"size": 13}}, "height": 280,
-        "margin": {"l": 55, "r": 10, "t": 30, "b": 40},
-        "xaxis": {"title": {"text": "nodes"}}, "yaxis": {"title": {"text": "samples/s"}},
-        "legend": {"orientation": "h", "y": -0.3}, "shapes": [
-            {"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": job.min_nodes, "y0": 0, "y1": 1,
-             "fillcolor": "#eceff4", "line": {"width": 0}, "layer": "below"}]}}
 
 
 def nodes_figure(allocs, now, info) -> dict:
