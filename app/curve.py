@@ -14,7 +14,8 @@ MEASURED_COLOUR, USER_COLOUR, PROBE_COLOUR, NOW_COLOUR, CAP_COLOUR = (
 #: wide band early on does not squash the curve; the band is cut at the top of the chart then
 Y_HEADROOM = 1.3
 #: names of the traces (the browser tests look for them)
-BAND, FIT, MEASURED, GIVEN, PROBES = "fit ±1 sd", "fit (in use up to the cap)", "measured", "given by the user", "probes"
+BAND, FIT, MEASURED = "fit ±1 sd", "fit (in use up to the cap)", "measured"
+GIVEN, PROBES = "given by the user", "probes"
 
 
 def curve_figure(job, info: dict, measured: list[dict], profile: Optional[dict]) -> dict:
@@ -115,7 +116,7 @@ def learned_figure(job, info: dict, profile: dict) -> dict:
                                 "line": {"width": 2, "color": PROBE_COLOUR}}})
     n = info["nodes"]
     if n:
-        label = f"now: {n} nodes" + (" (probing)" if profile.get("probing") else "")
+        label = f"now: {_nodes(n)}" + (" (probing)" if profile.get("probing") else "")
         data.append({"type": "scatter", "mode": "markers", "name": label, "x": [n], "y": [_rate_at(profile, n)],
                      "marker": {"color": NOW_COLOUR, "size": 14, "symbol": "star"}})
     tops = [*fit["mean"], *(m["samples_per_second"] for m in measured), *(given["samples_per_second"] if given else ())]
@@ -162,14 +163,18 @@ def profile_line(profile: dict) -> str:
         params += f', λ {si(fit["lam"])} samples/s per node'
     peak = fit.get("peak")
     top = fit["nodes"][-1] if fit.get("nodes") else None
-    peak_text = (f"fastest at {peak} nodes" + (" (still rising at its largest size)" if peak == top else "")
+    peak_text = (f"fastest at {_nodes(peak)}" + (" (still rising at its largest size)" if peak == top else "")
                  if peak else "no peak")
     spread = profile.get("uncertainty_pct")
     conf = f'confidence {profile["confidence"]}' + (f" (±{spread:.1f} % up to the cap)" if spread is not None else "")
     parts = [costs, f"{model} model: {params}", peak_text, f'evidence cap {profile["cap"]}', conf]
     if profile.get("probing"):
-        parts.append(f'probing: no sample at {profile["size"]} nodes yet')
+        parts.append(f'probing: no sample at {_nodes(profile["size"])} yet')
     return " · ".join(parts)
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
 
 
 def _seconds(x: Optional[float]) -> str:

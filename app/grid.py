@@ -165,7 +165,8 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
                 text.append(f"rescaling {names.get(job, job)}{since}")
             elif job in sizes:
                 codes[i] = C_PROBE0 + book.slot(job)
-                text.append(f"{names.get(job, job)}{since}<br>probing: no sample at {sizes[job]} nodes yet")
+                size = f"{sizes[job]} node" + ("s" if sizes[job] != 1 else "")
+                text.append(f"{names.get(job, job)}{since}<br>probing: no sample at {size} yet")
             else:
                 codes[i] = C_JOB0 + book.slot(job)
                 text.append(f"{names.get(job, job)}{since}")
