@@ -2,28 +2,31 @@
 
 MalleTrain's point (arXiv 2404.15668): users need not hand in a throughput curve; running the
 job is the measurement. For every job the advisor keeps
-- throughput samples per size (from the workers' progress, or the simulated dispatcher),
+- throughput samples per size (from the workers' progress, or the simulated profiler),
 - measured rescale pauses (grow / shrink), which replace the given or default costs,
-- a USL fit with an uncertainty (core/scaling.py).
+- a USL fit with an uncertainty band (core/scaling.py).
 
-Priors are hierarchical (empirical Bayes): a job never measured starts from what the jobs
-measured before it showed, both for its 1-node rate and for the shape of its curve (mixed with
-a flat prior, so no shape is ruled out); a curve the user gave enters as pseudo-observations that
-measurements outweigh. With one sample the shape prior and the 1-node-rate prior are what tell
-a job that scales well from one that does not, so they are kept whatever the data.
+Priors are hierarchical (empirical Bayes): a job never measured starts from what the jobs of
+its group (same name and owner) and then all jobs measured before it showed, for its 1-node
+rate and for the shape of its curve, with the flat prior kept as one more "job" so that no
+shape is ruled out; a curve the user gave enters as pseudo-observations at the sizes not yet
+measured, until a measurement contradicts it. With one sample the priors are what tell a job
+that scales well from one that does not.
 
-What the allocator gets (`belief`): the measured mean where a size has samples, the fit's mean
-elsewhere, and nothing beyond `cap_factor` x the largest size with evidence (AdaptDL's rule: a
-single sample at 4 nodes never makes a 64-node promise).
+What the allocator gets (`belief`): the measured mean where a size has samples, the fit's
+expected rate elsewhere, and nothing beyond the evidence cap: `cap_factor` x the largest size
+with evidence (AdaptDL's rule), extended only as far as the fit's band stays narrower than
+`cap_sd` (the job's own samples agree with a well-known group, say).
 
-Probes: the allocator is myopic (it looks T_fwd seconds ahead); the advisor looks at the job's
-remaining work. For a job measured at its current size it weighs, for every untried size within
-the cap, the expected improvement of the rate there (from the fit's band) over the rest of the
-job against what a short run there costs (two rescale pauses and the run itself at the expected
-rate), and asks the controller to force the best such probe when it pays. Probes are logged with
-that reckoning.
-
-Pure bookkeeping and arithmetic: no clock, no I/O; the controller feeds it and asks it.
+The allocator looks T_fwd seconds ahead; the advisor looks at the job's remaining work and
+asks the controller to force a size (into free nodes only, never taking another job's) when
+- learning an untried size is worth more than a short run there costs (value of information:
+  E[max(X, now)] - max(E[X], now), over the rest of the job or the time sizes last anyway);
+- a probe is measured and the size it left was better (the way back);
+- the job is capped below where the allocator would grow it at once if it saw the fit: it
+  climbs there one cap at a time, each step measured.
+Each is logged with its reckoning. Pure bookkeeping and arithmetic: no clock, no I/O; the
+controller feeds it and asks it.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ _SQRT2 = math.sqrt(2.0)
 class JPAConfig:
     model: str = "usl"
     cap_factor: float = 2.0       # never beyond this x the largest size with evidence...
-    cap_sd: float = 0.0           # ...unless the fit's band stays this narrow (sd of log) there
+    cap_sd: float = 0.3           # ...unless the fit's band stays this narrow (sd of log) there
     noise: float = 0.03           # sd of the log throughput of one sample of `sample_s` seconds
     sample_s: float = 30.0        # the measuring window `noise` refers to
     model_error: float = 0.03     # how far a real curve may stray from the model
@@ -55,7 +58,6 @@ class JPAConfig:
     probe_gap_s: float = 60.0     # at least this long between two probes of one job
     probe_timeout_s: float = 600.0
     probe_margin: float = 1.0     # probe when expected gain > margin x expected cost
-    smooth: bool = True           # the allocator gets the fit at measured sizes too (noise pooled)
     min_sizes: int = 0            # profile at least this many sizes whatever it costs (0: by value only)
     up_seconds: float = 18.0      # rescale-cost priors when nothing was given
     down_seconds: float = 12.0
@@ -352,10 +354,9 @@ class JPA:
             return cached[1]
         cap = self.cap(job_id)
         rates = f.mean[1:cap + 1].copy()
-        if not self.config.smooth:
-            for n, s in p.stats().items():
-                if n <= cap:
-                    rates[n - 1] = math.exp(s.mean_log)
+        for n, s in p.stats().items():
+            if n <= cap:
+                rates[n - 1] = math.exp(s.mean_log)
         curve = Curve(tuple(range(1, cap + 1)), tuple(float(r) for r in rates))
         b = Belief(curve, cap, self._cost(p, "up"), self._cost(p, "down"))
         p._belief = (key, b)

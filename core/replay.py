@@ -60,6 +60,7 @@ class ReplaySettings:
     noise: float = 0.03           # learned: sd of the measurement noise (log)
     sample_every: float = 30.0    # learned: simulated seconds per throughput sample
     seed: int = 0                 # learned: measurement noise seed
+    groups: bool = True           # learned: jobs of one name inform each other's priors
 
     def __post_init__(self) -> None:
         if self.curves not in CURVES:
@@ -75,7 +76,7 @@ class ReplaySettings:
                 "solver": self.config.solver, "objective": self.config.objective,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
                 "queue": self.config.queue, "curves": self.curves, "noise": self.noise,
-                "sample_every": self.sample_every, "seed": self.seed}
+                "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups}
 
 
     @classmethod
@@ -87,7 +88,7 @@ class ReplaySettings:
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
                    key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
-                   key.get("seed", 0))
+                   key.get("seed", 0), key.get("groups", True))
 
 
 def linear_guess(job: Job) -> Curve:
@@ -154,7 +155,8 @@ class Replay:
         learned = settings.curves == "learned"
         self.dispatcher = SimulatedDispatcher(
             Measurement(settings.noise, settings.sample_every, settings.seed) if learned else None)
-        self.advisor = JPA(JPAConfig(trust_given_costs=False, sample_s=settings.sample_every)) if learned else None
+        self.advisor = JPA(JPAConfig(trust_given_costs=False, sample_s=settings.sample_every,
+                                     groups=settings.groups)) if learned else None
         resumed_at = store.meta("replay_cursor") if (store is not None and resume) else None
         if resumed_at is not None:
             saved = store.meta("replay")
@@ -349,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")
     ap.add_argument("--sample-every", type=float, default=30.0, help="--curves learned: seconds per throughput sample")
     ap.add_argument("--seed", type=int, default=0, help="--curves learned: measurement noise seed")
+    ap.add_argument("--jpa-no-groups", action="store_true",
+                    help="--curves learned: learn each job alone (no priors from jobs of the same name)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
     ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
     ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
@@ -367,7 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError("--hours must be positive")
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
                                   args.start, args.hours, args.coalesce, config, args.curves, args.noise,
-                                  args.sample_every, args.seed)
+                                  args.sample_every, args.seed, not args.jpa_no_groups)
         replay = Replay(settings, args.db, resume=args.resume)
     except (InputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

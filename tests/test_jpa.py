@@ -92,7 +92,7 @@ def test_a_given_curve_is_a_prior_that_measurements_refine():
 
 def test_a_single_sample_never_yields_an_extrapolation_beyond_the_cap():
     for n in (1, 3, 4, 10, 40):
-        jpa = JPA(JPAConfig(cap_sd=0.3))
+        jpa = JPA()
         jpa.register(job())
         jpa.observe(RateSample(30.0, "J1", n, 1000.0 * n, 30.0))
         b = jpa.belief("J1")
@@ -184,7 +184,7 @@ def test_after_a_probe_the_job_goes_back_when_the_old_size_was_better():
 def test_a_job_capped_below_where_it_would_grow_climbs_in_measured_steps():
     rng = np.random.default_rng(11)
     truth = lambda n: float(usl(n, 1000.0, 0.0, 0.0))
-    jpa = JPA(JPAConfig(probe_margin=1e9))      # no probes to learn: only the climb
+    jpa = JPA(JPAConfig(probe_margin=1e9, cap_sd=0.0))    # no probes to learn, the plain 2x cap: the climb
     jpa.register(job())
     running(jpa, "J1", 2, 0.0)
     t = feed(jpa, "J1", truth, (2,), 1, rng)
