@@ -109,10 +109,11 @@ def register(server: flask.Flask) -> None:
         if st:
             body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
                                                      "committed_step", "loss", "lost", "last_rescale")}
-        body["profile"] = finite(h.profile(job_id))
+        profile = h.profile(job_id)
+        body["profile"] = finite(profile)
         body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
                           snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
-                          snap.config.get("tfwd", 10.0), snap.config.get("policy", ""))
+                          snap.config.get("tfwd", 10.0), snap.config.get("policy", ""), profile=profile)
         return jsonify(body)
 
     @bp.post("/jobs")

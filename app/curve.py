@@ -192,14 +192,18 @@ def _pauses(k: int) -> str:
     return f"{k} pause{'s' if k != 1 else ''} measured"
 
 
+#: how the table names each kind of run at a size the job had no sample at
+KINDS = {"probe": "probe", "climb": "climb past the cap", "back": "back after a probe", "try": "allocator's choice"}
+
+
 def probes_title(profile: Optional[dict]) -> str:
     k = len(profile["probes"]) if profile else 0
-    return f"Probes ({k})" if k else "Probes: none so far"
+    return f"Probes and untried sizes ({k})" if k else "Probes: none so far"
 
 
 def probe_rows(profile: Optional[dict]) -> list[dict]:
-    """The job's probes, newest first."""
+    """The job's probes and first runs at untried sizes, newest first."""
     if not profile:
         return []
-    return [{"time": sim_time(p["time"]), "nodes": p["nodes"], "why": p["why"]}
-            for p in reversed(profile["probes"])]
+    return [{"time": sim_time(p["time"]), "nodes": p["nodes"], "kind": KINDS.get(p.get("kind"), p.get("kind")),
+             "why": p["why"]} for p in reversed(profile["probes"])]

@@ -17,8 +17,13 @@ def _when(t: Optional[float]) -> str:
 
 
 def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int, tfwd: float,
-        policy: str = "milp", queue_position: Optional[int] = None) -> str:
+        policy: str = "milp", queue_position: Optional[int] = None,
+        profile: Optional[dict] = None) -> str:
+    """`profile`: what the profiler learned (its cap and rescale costs are what the allocator
+    used), or None when the job's own curve and costs are taken as given."""
     state = job.state
+    up = profile["scale_up_seconds"] if profile else job.scale_up_seconds
+    cap = min(job.max_nodes, profile["cap"]) if profile else job.max_nodes
     if state is JobState.QUEUED:
         pos = f", number {queue_position} in the queue" if queue_position else ""
         return f"queued: {running} jobs already running (at most {max_jobs} at once){pos}"
@@ -27,6 +32,9 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
     free = max(0, idle - used)
     if nodes >= job.max_nodes:
         return f"holds {nodes} nodes: its maximum"
+    if nodes >= cap:
+        return (f"holds {nodes} nodes: the most the evidence supports until it is measured at more "
+                f"(cap {cap}, twice the largest size measured or as far as the fit is sure)")
     if nodes == 0:
         if idle == 0:
             return "waiting: no node is idle"
@@ -36,20 +44,25 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
         return f"waiting: starting on {job.min_nodes} nodes is worth less than the rescale cost"
     s_now = _rate(job, nodes)
     if free > 0:
-        top = min(job.max_nodes, nodes + free)
+        top = min(cap, nodes + free)
         best_m, best_gain = nodes + 1, float("-inf")
         for m in range(nodes + 1, top + 1):
-            gain = tfwd * (_rate(job, m) - s_now) - job.scale_up_seconds * s_now
+            gain = tfwd * (_rate(job, m) - s_now) - up * s_now
             if gain > best_gain:
                 best_m, best_gain = m, gain
         if best_gain <= 0:
             extra = _rate(job, best_m) - s_now
-            lost = job.scale_up_seconds * s_now
+            if extra <= 0:
+                return (f"holds {nodes} nodes: the curve in use is no faster at {best_m} "
+                        f"({_rate(job, best_m):,.0f} against {s_now:,.0f} samples/s now)")
+            lost = up * s_now
             return (f"holds {nodes} nodes: growing to {best_m} adds {extra:,.0f} samples/s, "
                     f"{tfwd * extra:,.0f} samples over T_fwd = {tfwd:g} s, less than the "
-                    f"{lost:,.0f} samples lost in its {job.scale_up_seconds:g} s rescale pause")
+                    f"{lost:,.0f} samples lost in its {up:.3g} s rescale pause")
         return (f"holds {nodes} nodes: {free} nodes are free, but the {policy} policy did not "
                 f"give it more")
     extra = _rate(job, nodes + 1) - s_now
+    if extra <= 0:
+        return f"holds {nodes} nodes: all {idle} idle nodes are in use, and one more would not speed it up"
     return (f"holds {nodes} nodes: all {idle} idle nodes are in use; node {nodes + 1} would add "
             f"{extra:,.0f} samples/s, less than that node gives another job")

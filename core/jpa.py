@@ -40,6 +40,8 @@ from .model import Curve, Job, PauseSample, RateSample
 from .scaling import MODELS, Fit, SizeStats, fit
 
 PAUSE_KINDS = ("up", "down")
+PRIOR_PAUSES = 0.25                   # what a cost prior weighs against measured pauses
+BAND_Z = 2.0                          # the band shown: +-2 sd of log throughput (~95 %)
 _SQRT2 = math.sqrt(2.0)
 
 
@@ -96,12 +98,19 @@ class Belief:
 @dataclass(frozen=True)
 class Probe:
     """A size the advisor wants a job to run at, and why (the event log shows `why`): a probe
-    to learn a size (`learn`), a step of a climb past the cap, or the way back from a probe."""
+    to learn a size, a step of a climb past the cap, or the way back from a probe."""
 
     size: int
     why: str
-    learn: bool = False
-    back: bool = False
+    kind: str = "probe"               # probe | climb | back
+
+    @property
+    def learn(self) -> bool:
+        return self.kind == "probe"
+
+    @property
+    def back(self) -> bool:
+        return self.kind == "back"
 
 
 @dataclass
@@ -113,8 +122,9 @@ class _Profile:
     up_prior: float
     down_prior: float
     group: str = ""                   # jobs of one name and owner: each other's first prior
-    sums: dict[int, list[float]] = field(default_factory=dict)   # size -> [weight, sum w x, sum w x^2]
+    sums: dict[int, list[float]] = field(default_factory=dict)   # size -> [weight, sum w x, sum w x^2, count]
     pauses: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PAUSE_KINDS})
+    pause_log: float = 0.0            # sum of log(measured pause / its prior)
     probe: Optional[int] = None       # size of the probe asked for or running
     probe_since: Optional[float] = None
     probe_placed: bool = False        # the job has run at the probe's size
@@ -122,7 +132,7 @@ class _Profile:
     ramp_to: Optional[int] = None     # climbing past the cap towards this size
     ramp_from: tuple[int, float] = (0, 0.0)
     last_probe: Optional[float] = None
-    probes: list[tuple[float, int, str]] = field(default_factory=list)   # (time, size, why)
+    probes: list[tuple[float, int, str, str]] = field(default_factory=list)   # (time, size, why, kind)
     size: int = 0                     # size the job runs at now
     size_since: Optional[float] = None
     version: int = 0                  # bumped when the samples say something new: refit then
@@ -137,24 +147,37 @@ class _Profile:
         size well measured move its mean by little, and a fit per sample costs much."""
         acc = self.sums.get(n)
         if acc is None:
-            self.sums[n] = [w, w * x, w * x * x]
+            self.sums[n] = [w, w * x, w * x * x, 1]
             self.version += 1
             return True
         before = acc[0]
         acc[0] += w
         acc[1] += w * x
         acc[2] += w * x * x
+        acc[3] += 1
         if math.floor(math.log2(acc[0])) > math.floor(math.log2(before)):
             self.version += 1
         return False
 
     def stats(self) -> dict[int, SizeStats]:
         out = {}
-        for n, (w, s1, s2) in self.sums.items():
+        for n, (w, s1, s2, _) in self.sums.items():
             m = s1 / w
             out[n] = SizeStats(w, m, max(0.0, s2 / w - m * m))
         return out
 
+    def noise(self, floor: float) -> float:
+        """The sd of one reference-length sample's log rate, as this job's repeated samples at
+        one size show it (never below `floor`, the assumed noise): real workers on a busy
+        machine measure far less steadily than the few percent assumed."""
+        dev = count = 0.0
+        for w, s1, s2, k in self.sums.values():
+            if k >= 2:                           # sum w_i (x_i - m)^2 ~ (k - 1) noise^2
+                dev += max(0.0, s2 - s1 * s1 / w)
+                count += k - 1
+        if count < 3:
+            return floor
+        return max(floor, math.sqrt(dev / count))
 
 
 class _Pool:
@@ -209,6 +232,8 @@ class JPA:
         self._groups: dict[str, _Pool] = {}   # ... and those of each group (same name and owner)
         self._pop_top = 0                  # largest size any job has been measured at
         self._tenure = [0.0, 0]            # seconds jobs stayed at one size, and how many times
+        self._pause_log = (0.0, 0)         # sum of log(pause / prior) over every job's pauses, count
+        self._prior_fits: dict[tuple, Fit] = {}   # fits of jobs with nothing measured, by prior
 
     # ---- registration and samples ---------------------------------------------------------
     def register(self, job: Job) -> None:
@@ -240,6 +265,11 @@ class JPA:
         if isinstance(sample, PauseSample):
             if sample.kind in p.pauses and sample.seconds >= 0 and math.isfinite(sample.seconds):
                 p.pauses[sample.kind].append(float(sample.seconds))
+                prior = p.up_prior if sample.kind == "up" else p.down_prior
+                if prior > 0:
+                    x = math.log(max(sample.seconds, 1e-3) / prior)
+                    p.pause_log += x
+                    self._pause_log = (self._pause_log[0] + x, self._pause_log[1] + 1)
             return False
         if not (sample.rate > 0 and math.isfinite(sample.rate)) or sample.nodes < 1 or sample.seconds <= 0:
             return False
@@ -308,8 +338,15 @@ class JPA:
                 return p._fit[1]
         else:
             (mu, tau), shape, key = (math.log(c.prior_rate), 10.0), None, None
-        f = fit(p.stats(), _grid_size(p.max_nodes), noise=c.noise, model_error=c.model_error, prior_mu=mu,
-                prior_tau=tau, model=c.model, extra=self._given_points(p), shape_prior=shape)
+        shared = (pkey, _grid_size(p.max_nodes)) if population and not p.sums and p.given is None else None
+        f = self._prior_fits.get(shared) if shared else None
+        if f is None:
+            f = fit(p.stats(), _grid_size(p.max_nodes), noise=p.noise(c.noise), model_error=c.model_error,
+                    prior_mu=mu, prior_tau=tau, model=c.model, extra=self._given_points(p), shape_prior=shape)
+            if shared:                      # every unmeasured job of a group has the same fit
+                if len(self._prior_fits) > 256:
+                    self._prior_fits.clear()
+                self._prior_fits[shared] = f
         if population:
             p._fit = (key, f)
         return f
@@ -363,10 +400,17 @@ class JPA:
         return b
 
     def _cost(self, p: _Profile, kind: str) -> float:
-        """Mean of the measured pauses with the prior counted as one of them."""
+        """Seconds a rescale of this kind pauses the job: the measured pauses, with the prior
+        counted as a quarter of one; the prior itself scaled by what every measured pause of
+        the job (or, before any, of all jobs) showed against its prior, so that a job whose
+        shrinks take 0.1 s is not assumed to grow in 18 s."""
         prior = p.up_prior if kind == "up" else p.down_prior
+        logs, count = p.pause_log, len(p.pauses["up"]) + len(p.pauses["down"])
+        if count == 0:
+            logs, count = self._pause_log
+        prior *= math.exp(logs / (count + PRIOR_PAUSES))
         xs = p.pauses[kind]
-        return (prior + sum(xs)) / (1 + len(xs))
+        return (PRIOR_PAUSES * prior + sum(xs)) / (PRIOR_PAUSES + len(xs))
 
     # ---- probes ---------------------------------------------------------------------------
     def ran(self, job_id: str, size: int, now: float) -> Optional[str]:
@@ -383,15 +427,18 @@ class JPA:
         if p.probe is not None:
             if size == p.probe:
                 p.probe_placed = True
-                return next((w for _, n, w in reversed(p.probes) if n == size), None)
+                return next((w for _, n, w, _ in reversed(p.probes) if n == size), None)
             if p.probe_placed or size <= 0:
                 p.probe, p.probe_since = None, None      # interrupted (a preemption, the end)
         if size <= 0 or size in p.sums:
             return None
         f = self._fit_of(p)
         i = min(size, len(f.mean) - 1)
-        lo, hi = f.band(i)
-        return (f"untried size {size}: fit expects {f.mean[i]:,.0f} samples/s (band {lo:,.0f}-{hi:,.0f})")
+        lo, hi = f.band(i, BAND_Z)
+        why = f"untried size {nodes(size)}: fit expects {f.mean[i]:,.0f} samples/s (band {lo:,.0f}-{hi:,.0f})"
+        p.probes.append((now, size, why, "try"))
+        del p.probes[:-100]
+        return why
 
     def wanted_probes(self, now: float, remaining: Mapping[str, float],
                       measured: Iterable[str] = (), room: Optional[int] = None,
@@ -407,7 +454,8 @@ class JPA:
                 if p.probe_since is not None and now - p.probe_since > self.config.probe_timeout_s:
                     p.probe, p.probe_since = None, None      # gave up: the allocator decides again
                 elif not p.probe_placed:
-                    out[jid] = Probe(p.probe, p.probes[-1][2] if p.probes else "probe")
+                    last = next((x for x in reversed(p.probes) if x[1] == p.probe), None)
+                    out[jid] = Probe(p.probe, last[2] if last else "probe", kind=last[3] if last else "probe")
                 continue
             if jid not in fresh or p.size <= 0 or p.size not in p.sums or p.checked == p.version:
                 continue                                       # measure where it runs first
@@ -418,7 +466,7 @@ class JPA:
                 if not probe.back:
                     p.return_to = p.size if probe.learn else None
                 p.probe, p.probe_since, p.last_probe, p.probe_placed = probe.size, now, now, False
-                p.probes.append((now, probe.size, probe.why))
+                p.probes.append((now, probe.size, probe.why, probe.kind))
                 out[jid] = probe
         return out
 
@@ -466,15 +514,14 @@ class JPA:
         i = int(np.argmax(net))
         if net[i] > 0:
             n = int(sizes[i])
-            return Probe(n, f"probe at {n} nodes: what learning it may add over the rest of the job, "
+            return Probe(n, f"probe at {nodes(n)}: what learning it may add over the rest of the job, "
                             f"{value[i]:,.0f} samples, exceeds its cost, {cost[i]:,.0f} (now {rc:,.0f} "
                             f"samples/s at {p.size}; fit at {n}: {f.mean[n]:,.0f}, "
-                            f"band {f.band(n)[0]:,.0f}-{f.band(n)[1]:,.0f})", learn=True)
+                            f"band {f.band(n, BAND_Z)[0]:,.0f}-{f.band(n, BAND_Z)[1]:,.0f})")
         if len(p.sums) < c.min_sizes and rested:
             n = int(sizes[np.argmin(np.abs(np.log(sizes) - math.log(p.size / 2 if p.size > p.min_nodes
                                                                     else p.size * 2)))])
-            return Probe(n, f"probe at {n} nodes: profiling ({len(p.sums)} of {c.min_sizes} sizes measured)",
-                         learn=True)
+            return Probe(n, f"probe at {nodes(n)}: profiling ({len(p.sums)} of {c.min_sizes} sizes measured)")
         return None
 
     def _back(self, p: _Profile, f: Fit, rc: float, room: Optional[int]) -> Optional[Probe]:
@@ -487,8 +534,8 @@ class JPA:
         was = math.exp(p.stats()[home].mean_log)
         if was <= rc or (room is not None and home - p.size > room):
             return None
-        return Probe(home, f"back to {home} nodes after the probe at {p.size}: {was:,.0f} samples/s there "
-                           f"against {rc:,.0f} here", back=True)
+        return Probe(home, f"back to {nodes(home)} after the probe at {p.size}: {was:,.0f} samples/s there "
+                           f"against {rc:,.0f} here", kind="back")
 
     def _ramp(self, p: _Profile, f: Fit, rc: float, cap: int, room: Optional[int],
               tfwd: float) -> Optional[Probe]:
@@ -521,9 +568,9 @@ class JPA:
         if n <= p.size:
             return None
         start, rate0 = p.ramp_from
-        return Probe(n, f"climb to {n} nodes on the way to {target}: from {start} nodes ({rate0:,.0f} samples/s) "
+        return Probe(n, f"climb to {nodes(n)} on the way to {target}: from {nodes(start)} ({rate0:,.0f} samples/s) "
                         f"the allocator would grow it to {target} (fit: {f.mean[target]:,.0f} samples/s), but "
-                        f"the evidence caps it at {cap} until measured there")
+                        f"the evidence caps it at {cap} until measured there", kind="climb")
 
     # ---- reading (dashboard, API) ---------------------------------------------------------
     def view(self, job_id: str) -> Optional[dict]:
@@ -534,33 +581,34 @@ class JPA:
         f = self._fit_of(p)
         cap = self.cap(job_id)
         ns = list(range(1, min(max(p.max_nodes, 1), len(f.mean) - 1) + 1))
-        stats = p.stats()
-        spread = float(np.mean(f.sd_log[1:cap + 1])) if cap >= 1 else 0.0
+        counts = {n: int(acc[3]) for n, acc in p.sums.items()}
+        spread = _spread(f, p.max_nodes)
         return {
             "measured": [{"nodes": n, "samples_per_second": math.exp(s.mean_log), "weight": s.weight,
-                          "sd_pct": 100.0 * math.sqrt(s.var_log)} for n, s in sorted(stats.items())],
+                          "count": counts[n],
+                          "sd_pct": 100.0 * math.sqrt(s.var_log) if counts[n] >= 2 else None}
+                         for n, s in sorted(p.stats().items())],
             "fit": {"nodes": ns, "mean": [float(f.mean[n]) for n in ns],
-                    "lo": [f.band(n)[0] for n in ns], "hi": [f.band(n)[1] for n in ns],
-                    "model": f.model, "lam": f.lam, "sigma": f.sigma, "kappa": f.kappa, "peak": f.peak},
+                    "lo": [f.band(n, BAND_Z)[0] for n in ns], "hi": [f.band(n, BAND_Z)[1] for n in ns],
+                    "band_sd": BAND_Z, "model": f.model, "lam": f.lam, "sigma": f.sigma, "kappa": f.kappa,
+                    "peak": int(np.argmax(f.mean[1:ns[-1] + 1]) + 1), "noise_pct": 100.0 * p.noise(self.config.noise)},
             "cap": cap, "given": p.given.to_dict() if p.given else None,
-            "probe": p.probe, "probes": [{"time": t, "nodes": n, "why": w} for t, n, w in p.probes[-50:]],
+            "probe": p.probe,
+            "probes": [{"time": t, "nodes": n, "why": w, "kind": k} for t, n, w, k in p.probes[-50:]],
             "scale_up_seconds": self._cost(p, "up"), "scale_down_seconds": self._cost(p, "down"),
             "pauses": {k: len(v) for k, v in p.pauses.items()},
-            "confidence": confidence(len(stats), spread, p.given is not None),
+            "confidence": confidence(len(p.sums), spread, p.given is not None),
             "uncertainty_pct": 100.0 * (math.exp(spread) - 1.0),
             "size": p.size, "probing": p.size > 0 and p.size not in p.sums,
         }
 
     def confidence(self, job_id: str) -> Optional[str]:
-        """The jobs table's word for a job, cheaply: from the fit last made (none is made here)."""
+        """The jobs table's word for a job, cheaply: from the fit last made (none is made here),
+        by the same rule as `view`."""
         p = self._profiles.get(job_id)
         if p is None:
             return None
-        spread = 1.0
-        if p._fit is not None:
-            f = p._fit[1]
-            top = min(max(p.sums, default=p.max_nodes) * 2, len(f.sd_log) - 1, p.max_nodes)
-            spread = float(np.mean(f.sd_log[1:top + 1])) if top >= 1 else 1.0
+        spread = _spread(p._fit[1], p.max_nodes) if p._fit is not None else 1.0
         return confidence(len(p.sums), spread, p.given is not None)
 
     def probing(self) -> set[str]:
@@ -578,12 +626,22 @@ def _phi(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + _erf(x / _SQRT2))
 
 
+def _spread(f: Fit, max_nodes: int) -> float:
+    """Mean sd of log throughput over the sizes the job may run at: how unsure its curve is."""
+    top = min(max(1, max_nodes), len(f.sd_log) - 1)
+    return float(np.mean(f.sd_log[1:top + 1]))
+
+
 def _grid_size(max_nodes: int) -> int:
     """Fits are tabulated up to the next power of two (few distinct grids to cache)."""
     n = 1
     while n < max(1, max_nodes):
         n *= 2
     return n
+
+
+def nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
 
 
 def confidence(sizes: int, spread: float, given: bool) -> str:

@@ -160,6 +160,8 @@ class Replay:
         resumed_at = store.meta("replay_cursor") if (store is not None and resume) else None
         if resumed_at is not None:
             saved = store.meta("replay")
+            if saved is not None:        # a store from before a setting existed ran at its default
+                saved = {**ReplaySettings().key(), **saved}
             if saved != settings.key():
                 store.close()
                 raise ValueError(f"{db} holds a replay with other settings: {saved}")

@@ -48,14 +48,15 @@ class Grid:
 
 @lru_cache(maxsize=8)
 def grid(model: str = "usl", nmax: int = 64) -> Grid:
-    """Log-spaced shapes from near-perfect scaling to a job that peaks at one or two nodes.
+    """Log-spaced shapes from near-perfect scaling to a job that is fastest on one node and
+    slows to a fraction of that as nodes are added (a small model on an oversubscribed host).
 
     The prior is flat over the grid (log-uniform in sigma and kappa, with some mass on exactly
     zero), i.e. it does not presume that a job scales well or badly."""
     if model not in MODELS:
         raise ValueError(f"unknown scalability model {model!r}; choose one of {', '.join(MODELS)}")
-    sig = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, 33)])
-    kap = np.concatenate([[0.0], np.geomspace(1e-6, 0.2, 33)]) if model == "usl" else np.zeros(1)
+    sig = np.concatenate([[0.0], np.geomspace(1e-4, 4.0, 61)])
+    kap = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, 61)]) if model == "usl" else np.zeros(1)
     S, K = np.meshgrid(sig, kap, indexing="ij")
     S, K = S.ravel(), K.ravel()
     n = np.arange(nmax + 1, dtype=float)

@@ -104,12 +104,25 @@ def test_a_single_sample_never_yields_an_extrapolation_beyond_the_cap():
 def test_rescale_costs_are_learned_from_measured_pauses():
     jpa = JPA(JPAConfig(trust_given_costs=False, up_seconds=18.0, down_seconds=12.0))
     jpa.register(job())
+    before = jpa.belief("J1")
+    assert (before.scale_up_seconds, before.scale_down_seconds) == (18.0, 12.0)
     for t in range(9):
         jpa.observe(PauseSample(float(t), "J1", "up", 0.2))
         jpa.observe(PauseSample(float(t), "J1", "down", 0.1))
     b = jpa.belief("J1")
-    assert b.scale_up_seconds == pytest.approx((18.0 + 9 * 0.2) / 10)
-    assert b.scale_down_seconds == pytest.approx((12.0 + 9 * 0.1) / 10)
+    assert b.scale_up_seconds == pytest.approx(0.2, rel=0.05)
+    assert b.scale_down_seconds == pytest.approx(0.1, rel=0.05)
+
+
+def test_measured_shrinks_tell_how_long_an_unmeasured_grow_takes():
+    jpa = JPA(JPAConfig(trust_given_costs=False, up_seconds=18.0, down_seconds=12.0))
+    for jid in ("J1", "J2"):
+        jpa.register(job(jid))
+    jpa.observe(PauseSample(1.0, "J1", "down", 0.07))
+    jpa.observe(PauseSample(2.0, "J1", "down", 0.08))
+    b = jpa.belief("J1")
+    assert b.scale_down_seconds < 0.5 and b.scale_up_seconds < 0.5    # not the 18 s prior
+    assert jpa.belief("J2").scale_up_seconds < 1.0                     # a job never measured: as the others
 
 
 def test_group_members_inform_a_new_job_of_the_same_name():

@@ -109,7 +109,7 @@ def test_job_page_draws_what_the_profiler_learned(server, page):
     assert "nan" not in line.lower() and "None" not in line, line
 
     page.wait_for_function("() => document.querySelectorAll('#job-probes tbody tr td').length > 0", timeout=10_000)
-    assert re.match(r"Probes \(\d+\)", page.inner_text("#job-probes-title"))
+    assert re.match(r"Probes and untried sizes \(\d+\)", page.inner_text("#job-probes-title"))
     rows = page.locator("#job-probes tbody tr").all_inner_texts()
     cells = [r for r in rows if r.strip() and "why" not in r]
     assert cells, rows

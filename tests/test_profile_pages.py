@@ -85,15 +85,18 @@ def test_the_line_says_costs_model_peak_and_confidence():
     jpa, _ = measured_job()
     view = jpa.view("J1")
     line = profile_line(view)
-    assert "grow 16.5 s (1 pause measured)" in line, line      # (18 s prior + 15 s measured) / 2
-    assert "shrink 10.5 s (1 pause measured)" in line, line    # (12 + 9) / 2
+    assert f"grow {view['scale_up_seconds']:.1f} s (1 pause measured)" in line, line
+    assert f"shrink {view['scale_down_seconds']:.1f} s (1 pause measured)" in line, line
+    assert 9.0 < view["scale_down_seconds"] < view["scale_up_seconds"] < 18.0    # 15 s / 9 s measured
     assert "USL model: σ " in line and "κ " in line
     assert f"fastest at {view['fit']['peak']} nodes" in line
     assert f"confidence {view['confidence']}" in line and "%" in line
     assert "probing" not in line
     jpa.ran("J1", 16, 1000.0)                                 # a size with no sample yet
     assert "probing: no sample at 16 nodes yet" in profile_line(jpa.view("J1"))
-    assert probes_title(view) == "Probes: none so far" and probe_rows(view) == []
+    rows = probe_rows(view)                                   # its first runs at 2, 4 and 8 nodes
+    assert probes_title(view) == "Probes and untried sizes (3)" and [r["nodes"] for r in rows] == [8, 4, 2]
+    assert {r["kind"] for r in rows} == {"allocator's choice"} and rows[0]["why"].startswith("untried size 8 nodes")
 
 
 def test_without_a_profile_the_chart_is_the_given_curve_as_before():

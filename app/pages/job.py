@@ -30,7 +30,7 @@ def layout(job_id=None, **_):
         html.P(id=ids.JOB_PROFILE, className="profile-line", style={"display": "none"}),
         html.Div([
             html.H3("Probes", id=ids.JOB_PROBES_TITLE),
-            dash_table.DataTable(id=ids.JOB_PROBES, columns=[{"id": c, "name": c} for c in ("time", "nodes", "why")],
+            dash_table.DataTable(id=ids.JOB_PROBES, columns=[{"id": c, "name": c} for c in ("time", "nodes", "kind", "why")],
                                  data=[], page_size=8, style_cell={"fontSize": 13, "padding": "3px 8px",
                                                                    "whiteSpace": "normal", "height": "auto"}),
         ], id=ids.JOB_PROBES_BOX, style={"display": "none"}),
@@ -38,6 +38,11 @@ def layout(job_id=None, **_):
         dash_table.DataTable(id=ids.JOB_EVENTS, columns=[{"id": c, "name": c} for c in ("time", "kind", "node", "detail")],
                              data=[], page_size=15, style_cell={"fontSize": 13, "padding": "3px 8px"}),
     ])
+
+
+def _pause(seconds: float) -> str:
+    """Learned pauses on real workers are fractions of a second."""
+    return f"{seconds:.2f} s" if seconds < 1 else duration(seconds)
 
 
 def _queue_position(snap, job_id):
@@ -66,8 +71,9 @@ def update_job(n, job_id):
     if job is None or info is None:
         return html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, ""
     cfg = snap.config
+    profile = finite(h.profile(job_id))
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
-               cfg["max_jobs"], cfg["tfwd"], cfg["policy"], _queue_position(snap, job_id))
+               cfg["max_jobs"], cfg["tfwd"], cfg["policy"], _queue_position(snap, job_id), profile)
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
@@ -77,7 +83,9 @@ def update_job(n, job_id):
             _fact("progress", f'{100 * info["progress"]:.1f} % of {si(job.total_samples)}'),
             _fact("ETA", sim_time(info["eta"]) if info["eta"] else "–"),
             _fact("submitted", sim_time(job.submit_time)),
-            _fact("grow / shrink pause", f"{duration(job.scale_up_seconds)} / {duration(job.scale_down_seconds)}"),
+            _fact("grow / shrink pause" + (" (learned)" if profile else ""),
+                  f"{_pause(profile['scale_up_seconds'] if profile else job.scale_up_seconds)} / "
+                  f"{_pause(profile['scale_down_seconds'] if profile else job.scale_down_seconds)}"),
         ], className="facts"),
     ])
     user = context.current_user()
@@ -85,7 +93,6 @@ def update_job(n, job_id):
     thr = hist.job_throughput(job_id)
     allocs = hist.job_allocations(job_id)
     events = job_log(hist.job_events(job_id), allocs)
-    profile = finite(h.profile(job_id))
     measured = hist.job_curve_points(job_id) if profile is None else []
     shown = {} if profile is not None else hidden
     return (head, line, curve_figure(job, info, measured, profile),
