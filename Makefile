@@ -38,6 +38,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.rescale
 	$(PY) -m bench.vacate
 	$(PY) -m bench.slurm
+	$(PY) -m bench.jpa
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -14,7 +14,7 @@ MEASURED_COLOUR, USER_COLOUR, PROBE_COLOUR, NOW_COLOUR, CAP_COLOUR = (
 #: wide band early on does not squash the curve; the band is cut at the top of the chart then
 Y_HEADROOM = 1.3
 #: names of the traces (the browser tests look for them)
-BAND, FIT, MEASURED = "fit ±1 sd", "fit (in use up to the cap)", "measured"
+BAND, FIT, MEASURED = "fit band (±2 sd, ~95 %)", "fit (in use up to the cap)", "measured"
 GIVEN, PROBES = "given by the user", "probes"
 
 

@@ -212,7 +212,7 @@ class Controller:
                 self._vacate(lost, now)
             probes: dict[str, Probe] = {}
             if self.advisor is not None:
-                measured = self._learn(samples, now) if samples else set()
+                measured = self._learn(samples) if samples else set()
                 changed |= bool(self._news)
                 self._news.clear()
                 probes = self.advisor.wanted_probes(now, self._remaining(now), measured,
@@ -231,7 +231,7 @@ class Controller:
                 self._timeline_point(now, result.samples_per_second)
             return result
 
-    def _learn(self, samples: list, now: float) -> set[str]:
+    def _learn(self, samples: list) -> set[str]:
         """Hand measurements to the advisor and the store. Returns the jobs that got a
         throughput sample; those whose sample was the first at a size are news (`_news`)."""
         assert self.advisor is not None
@@ -508,7 +508,7 @@ class Controller:
         if advisor is not None:
             for t, jid, kind, n, value, secs in store.db.execute(
                     "select time, job, kind, nodes, value, seconds from samples order by id"):
-                advisor.observe(RateSample(t, jid, n, value, secs or 0.0) if kind == "rate"
+                advisor.observe(RateSample(t, jid, n, value, secs or advisor.config.sample_s) if kind == "rate"
                                 else PauseSample(t, jid, kind, value))
         for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
             if job.state is JobState.RUNNING:

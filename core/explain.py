@@ -39,7 +39,8 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
         if idle == 0:
             return "waiting: no node is idle"
         if free < job.min_nodes:
-            return (f"waiting: needs at least {job.min_nodes} nodes and only {free} of the {idle} idle "
+            return (f"waiting: needs at least {job.min_nodes} node{'s' if job.min_nodes != 1 else ''} and "
+                    f"only {free} of the {idle} idle "
                     f"nodes are free; the others are worth more to the running jobs")
         return f"waiting: starting on {job.min_nodes} nodes is worth less than the rescale cost"
     s_now = _rate(job, nodes)

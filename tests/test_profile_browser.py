@@ -83,12 +83,12 @@ def shoot(pg, name: str, full: bool = False) -> Path:
 def test_job_page_draws_what_the_profiler_learned(server, page):
     job_id, profile = probed_job(server)
     page.goto(f"{server.url}/jobs/{job_id}")
-    page.wait_for_function(f"() => !!{CURVE_JS}?.data?.some(t => t.name === 'fit ±1 sd')", timeout=15_000)
+    page.wait_for_function(f"() => !!{CURVE_JS}?.data?.some(t => t.name === 'fit band (±2 sd, ~95 %)')", timeout=15_000)
     data = page.evaluate(f"() => {CURVE_JS}.data.map(t => ({{name: t.name, x: t.x, y: t.y, fill: t.fill}}))")
     by_name = {t["name"]: t for t in data}
-    band, fit = by_name["fit ±1 sd"], by_name["fit (in use up to the cap)"]
+    band, fit = by_name["fit band (±2 sd, ~95 %)"], by_name["fit (in use up to the cap)"]
     assert band["fill"] == "tonexty" and len(band["x"]) == len(fit["x"]) >= 2
-    lows = data[[t["name"] for t in data].index("fit ±1 sd") - 1]["y"]
+    lows = data[[t["name"] for t in data].index("fit band (±2 sd, ~95 %)") - 1]["y"]
     assert all(lo <= hi for lo, hi in zip(lows, band["y"]))
     measured = by_name["measured"]
     assert len(measured["x"]) >= len(profile["measured"]) >= 2
