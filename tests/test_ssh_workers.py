@@ -51,7 +51,7 @@ def app(tmp_path, sshd_server):
     inventory.write_text("".join(f"{n} {n}\n" for n in NODES))
     proc = start_app(tmp_path, "--fresh", "--dispatch", "ssh", "--nodes", str(inventory),
                      "--ssh-config", str(sshd_server.client_config), "--tick", "0.1",
-                     "--workdir", str(ROOT))
+                     "--workdir", str(ROOT), "--no-profiler")      # sizes set by the test, not by probes
     yield proc
     proc.stop()
 
