@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.replay import run
 from core.jobsets import load_jobset
 from core.workloads import mixed, write_jobset
 
@@ -44,17 +44,6 @@ POLICIES = {
 ABLATION = {"jpa, no name groups": ["--curves", "learned", "--jpa-no-groups"]}
 GOALS = [("imagenet", "jpa_vs_oracle", 0.97), ("mixed", "jpa_vs_oracle", 0.97),
          ("mixed", "jpa_vs_noinfo", 1.35), ("imagenet", "jpa_vs_noinfo", 1.0)]
-
-
-def run(args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "core.replay", "--json", "--no-progress", *args]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    out["process_s"] = round(time.perf_counter() - t0, 1)
-    return out
 
 
 def table(results: dict[str, dict[str, dict]]) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from core.jpa import JPA, JPAConfig
 from core.model import Curve, Job, PauseSample, RateSample
-from core.scaling import SizeStats, fit, stats_of, usl
+from core.scaling import fit, stats_of, usl
 
 NOISE = 0.03
 

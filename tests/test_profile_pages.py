@@ -15,7 +15,7 @@ from app.grid import (C_JOB0, C_PROBE0, JOB_COLOURS, N_CODES, PROBE_COLOURS, Cel
 from core.jpa import JPA, JPAConfig
 from core.model import Curve, Job, PauseSample, RateSample
 from core.scaling import usl
-from core.snapshot import BUSY, HELD, IDLE, Snapshot
+from core.snapshot import BUSY, HELD, Snapshot
 from tests.conftest import ROOT
 
 dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
