@@ -14,7 +14,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,21 +30,11 @@ from core.sources.slurm_cli import SlurmCli
 from core.sources.slurm_settings import SettingError, SlurmSettings, split_list
 from tests.conftest import run_module
 from tests.server import ROOT, start_app
-from tests.slurm import alive, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.waiting import wait
 
 GLOBAL_BATCH = 64
 NODES = [f"node{i}" for i in range(1, 9)]
-
-
-def wait(cond, timeout, what, diag=None, period=0.05):
-    t0 = time.monotonic()
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {diag()}" if diag else ""))
-        time.sleep(period)
 
 
 def pilot_processes(job_ids) -> list[int]:

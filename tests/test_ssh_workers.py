@@ -15,21 +15,11 @@ import pytest
 
 from tests.server import ROOT, start_app
 from tests.test_workers import leftovers
+from tests.waiting import wait
 
 GLOBAL_BATCH = 64
 TOTAL = GLOBAL_BATCH * 1200
 NODES = ["node0", "node1", "node2", "node3"]
-
-
-def wait(cond, timeout, what, diag=None):
-    t0 = time.monotonic()
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {diag()}" if diag else ""))
-        time.sleep(0.05)
 
 
 def worker_pid(job_id: str, node: str):

@@ -18,21 +18,10 @@ from core.service import LiveHarvester
 from core.sources.static import StaticSource
 from core.transports.local import LocalTransport
 from tests.conftest import ROOT
+from tests.waiting import wait
 
 GLOBAL_BATCH = 64
 TOTAL = GLOBAL_BATCH * 1200
-
-
-def wait(cond, timeout, what, diag=None):
-    t0 = time.monotonic()
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}" +
-                                 (f"; {diag()}" if diag else ""))
-        time.sleep(0.05)
 
 
 def leftovers(job_id: str) -> list[int]:
