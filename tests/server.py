@@ -119,3 +119,13 @@ def start_app(workdir: Path, *args: str, db: Optional[Path] = None, users: Optio
         time.sleep(0.2)
     app.stop(signal.SIGKILL)
     raise RuntimeError(f"the app did not answer within {timeout} s:\n{app.output()}")
+
+
+def browser_or_skip():
+    """Playwright's sync API for the browser tests, or the module skipped with the reason (at
+    module level: `sync_api = browser_or_skip()`)."""
+    import pytest
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make test installs Debian's chromium)", allow_module_level=True)
+    return pytest.importorskip("playwright.sync_api",
+                               reason="playwright is not installed (make test installs requirements-dev.txt)")

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.auth import TOKEN_TTL_S, Users
 from tests.conftest import write_jobset
 from tests.server import ROOT, free_port, password, start_app, write_users
+from tests.waiting import poll
 
 RACKS = "d30,e04,e06,e11,f36,g30"
 START = "2021-02-12T19:30:00Z"
@@ -45,12 +46,7 @@ MISSING = object()
 # ---- helpers -------------------------------------------------------------------------------
 
 def wait_for(pred, timeout: float = 6.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
+    return poll(pred, timeout, every)
 
 
 def stored(db: Path, sql: str, args=()) -> list[dict]:

@@ -10,12 +10,12 @@ first probes are made.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import pytest
 
 from tests.server import start_app
+from tests.waiting import poll
 
 START = "2021-02-10T20:20:00Z"
 WORDS = {"prior", "given", "low", "medium", "high"}
@@ -36,12 +36,7 @@ def strict_get(app, path: str):
 
 
 def wait_for(pred, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
+    return poll(pred, timeout, every)
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 
 from app.grid import N_CODES, PROBE_COLOURS
-from tests.server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_app
+from tests.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, start_app
 
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (make test installs Debian's chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="playwright is not installed (make test installs requirements-dev.txt)")
+sync_api = browser_or_skip()
 
 SHOTS = ROOT / "build" / "screenshots"
 VIEWPORT = {"width": 1600, "height": 1000}

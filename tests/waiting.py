@@ -16,3 +16,14 @@ def wait(cond: Callable, timeout: float, what: str, diag: Optional[Callable] = N
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {diag()}" if diag else ""))
         time.sleep(period)
+
+
+def poll(pred: Callable, timeout: float, every: float = 0.1):
+    """`pred()`'s first truthy value, or its last value once `timeout` s have passed (the
+    caller's assert then says what was wrong)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
