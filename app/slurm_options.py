@@ -9,7 +9,7 @@ from core.controller import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.jpa import JPAConfig
 from core.service import LiveHarvester
-from core.sources.slurm_settings import SettingError, SlurmSettings, split_list
+from core.slurm.settings import SettingError, SlurmSettings, split_list
 
 #: SlurmSettings field -> the option that sets it (errors name the option)
 OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "--slurm-account",
@@ -84,8 +84,8 @@ def slurm_harvester(args, config: ControllerConfig) -> LiveHarvester:
     """The Slurm source, and the jobs' workers inside its pilots (`--dispatch pilot`, the
     default) or simulated (`--dispatch simulated`). Raises ValueError for bad options and when
     Slurm cannot be read."""
-    from core.sources.slurm import SlurmSource
-    from core.sources.slurm_cli import SlurmUnavailable
+    from core.slurm.source import SlurmSource
+    from core.slurm.cli import SlurmUnavailable
     dispatch = args.dispatch or "pilot"
     if dispatch not in ("pilot", "simulated"):
         raise ValueError(f"--source slurm runs each job's workers inside the pilot jobs: use --dispatch "

@@ -43,8 +43,8 @@ from core.replay import percentile
 from core.schemas import JobSpec
 from core.service import LiveHarvester
 from core.snapshot import HELD
-from core.sources.slurm import SlurmSource
-from core.sources.slurm_settings import SlurmSettings
+from core.slurm.source import SlurmSource
+from core.slurm.settings import SlurmSettings
 from core.transports.base import NodeSpec
 from tests.slurm import alive, processes_with_env, start_cluster
 

@@ -23,11 +23,11 @@ from core.dispatchers.simulated import SimulatedDispatcher
 from core.schemas import JobSpec
 from core.service import LiveHarvester
 from core.snapshot import HELD
-from core.sources.pilot_hub import PilotHub
-from core.sources.pilot_wire import HELLO, Wire
-from core.sources.slurm import SlurmSource, resolve_watch
-from core.sources.slurm_cli import SlurmCli
-from core.sources.slurm_settings import SettingError, SlurmSettings, split_list
+from core.slurm.hub import PilotHub
+from core.slurm.wire import HELLO, Wire
+from core.slurm.source import SlurmSource, resolve_watch
+from core.slurm.cli import SlurmCli
+from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.conftest import run_module
 from tests.server import ROOT, start_app
 from tests.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)

@@ -356,7 +356,7 @@ def make_worker_dispatcher(kind: str, nodes: Sequence[NodeSpec], db: Path,
         from ..transports.ssh import SshTransport
         transport = SshTransport(config=ssh_config)
     elif kind == "pilot":
-        from ..transports.pilot import PilotTransport
+        from ..slurm.transport import PilotTransport
         if hub is None:
             raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: it needs --source slurm")
         transport = PilotTransport(hub)

@@ -2,7 +2,7 @@
 
 The harvester never uses a node behind Slurm's back: it submits one pilot job per idle node it
 wants to a low-priority partition that Slurm preempts (GraceTime=0), and a node counts as
-harvested only while a pilot runs there and is connected (core/sources/pilot.py); the
+harvested only while a pilot runs there and is connected (core/slurm/pilot_job.py); the
 training job's worker runs inside that pilot. When a main job needs the node, Slurm sends the
 pilot SIGTERM and the pilot's first act is to tell the hub, so the leave reaches the controller
 within milliseconds (`wake`), ahead of anything else; squeue is only the backstop for a pilot
@@ -26,18 +26,18 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..model import Event, EventKind
-from .base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
-from .pilot_hub import PilotHub, PilotLink
-from .pilot_wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
-from .slurm_cli import SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
-from .slurm_settings import SettingError, SlurmSettings
+from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
+from .hub import PilotHub, PilotLink
+from .wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
+from .cli import SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
+from .settings import SettingError, SlurmSettings
 
 log = logging.getLogger(__name__)
 
 PILOT_SCRIPT = """#!{python}
 import sys
 sys.path.insert(0, {root!r})
-from core.sources.pilot import main
+from core.slurm.pilot_job import main
 sys.exit(main())
 """
 

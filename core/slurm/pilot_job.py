@@ -25,7 +25,7 @@ from typing import Optional
 
 from ..transports.base import Handle, NodeSpec, StartError
 from ..transports.local import LocalTransport
-from .pilot_wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_TOKEN, HELLO, KILL, LEAVING, START, STOP,
+from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_TOKEN, HELLO, KILL, LEAVING, START, STOP,
                          TAIL, Wire, tune)
 
 CONNECT_TRIES_S = 10.0

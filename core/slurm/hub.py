@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .pilot_wire import HELLO, LEAVING, Wire, tune
+from .wire import HELLO, LEAVING, Wire, tune
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0

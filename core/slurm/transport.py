@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from typing import Mapping, Optional, Sequence
 
-from ..sources.pilot_hub import PilotGone, PilotHub, PilotLink
-from ..sources.pilot_wire import ALIVE, KILL, START, STOP, TAIL
-from .base import STOP_GONE, Handle, NodeSpec, StartError, Transport, TransportError, check_start_args
-from .local import tail_file
+from .hub import PilotGone, PilotHub, PilotLink
+from .wire import ALIVE, KILL, START, STOP, TAIL
+from ..transports.base import STOP_GONE, Handle, NodeSpec, StartError, Transport, TransportError, check_start_args
+from ..transports.local import tail_file
 
 
 class PilotTransport(Transport):
