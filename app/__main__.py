@@ -9,20 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
-from core.controller import QUEUE_ORDERS, ControllerConfig
-from core.errors import InputError
-from core.policies import POLICIES
-from core.jpa import JPAConfig
-from core.replay import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
-from core.dispatchers.simulated import SimulatedDispatcher
-from core.service import Harvester, LiveHarvester
-from core.sources.static import StaticSource
+from core.assemble import build
+from core.errors import InputError, SettingsError
+from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings
 
 from . import slurm_options
 from .auth import Users
@@ -30,6 +24,10 @@ from .auth import Users
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
                  "max_jobs", "queue", "speed", "curves", "seed")
+CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
+#: settings whose option is not --NAME
+FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
+         "replay.node_list": "--node-list"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,87 +77,65 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def scenario(args) -> tuple[ReplaySettings, float]:
+def replay_settings(args) -> tuple[dict, float]:
+    """The replay part of the settings: the defaults, then --scenario's file, then the flags."""
     s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "start": DEFAULT_START, "speed": 60.0}
     if args.scenario:
         try:
             loaded = json.loads(args.scenario.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{args.scenario}: {e}")
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.scenario}: give a JSON object of settings")
         unknown = set(loaded) - set(SCENARIO_KEYS)
         if unknown:
             raise ValueError(f"{args.scenario}: unknown key(s) {', '.join(sorted(unknown))}")
         s.update(loaded)
-    for k in SCENARIO_KEYS:
-        v = getattr(args, k, None)
-        if v is not None:
-            s[k] = str(v) if isinstance(v, Path) else v
+    s.update({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+              if k in SCENARIO_KEYS and v is not None})
     if s.get("nodes") is not None:
         try:
             s["nodes"] = int(s["nodes"])
         except ValueError:
-            raise ValueError("--nodes: a replay takes a number of nodes (a node file needs --dispatch)")
-    for k in ("hours", "tfwd", "speed"):
-        if s.get(k) is not None and not math.isfinite(float(s[k])):
-            raise ValueError(f"--{k} must be a finite number")
-    base = ControllerConfig()
-    config = ControllerConfig(s.get("policy", base.policy), base.solver, base.objective,
-                              float(s.get("tfwd", base.tfwd)), int(s.get("max_jobs", base.max_jobs)),
-                              s.get("queue", base.queue))
-    hours = s.get("hours")
-    if hours is not None and not (math.isfinite(float(hours)) and float(hours) > 0):
-        raise ValueError("--hours must be positive")
-    settings = ReplaySettings(Path(s["trace"]), Path(s["jobs"]),
-                              Path(s["node_list"]) if s.get("node_list") else None, s.get("nodes"),
-                              s.get("racks"), s.get("start"), float(hours) if hours else None, 0.0, config,
-                              s.get("curves", "given"), seed=int(s.get("seed", 0)))
-    return settings, float(s["speed"])
+            raise SettingsError("replay.nodes", "a replay takes a number of nodes (a node file needs "
+                                                "{live.dispatch})") from None
+    config = {k: s.pop(k) for k in CONFIG_KEYS if k in s}
+    speed = s.pop("speed")
+    return {**s, "config": config}, speed
 
 
-def live_config(args) -> ControllerConfig:
-    return ControllerConfig(args.policy or "milp", "dp", "throughput", float(args.tfwd or 10.0),
-                            int(args.max_jobs or 10), args.queue or "fcfs")
-
-
-def live_harvester(args) -> LiveHarvester:
-    """Live mode: nodes from an inventory file or N local 'nodes', jobs on the chosen dispatcher."""
-    from core.inventory import load_inventory, local_nodes
+def live_settings(args) -> dict:
+    given = vars(args)
+    config = {k: given[k] for k in CONFIG_KEYS if given[k] is not None}
+    live = {"source": args.source, "dispatch": args.dispatch, "local_nodes": args.local_nodes,
+            "inventory": args.nodes, "ssh_config": args.ssh_config, "workdir": args.workdir,
+            "report_url": f"http://{args.host}:{args.port}/api/workers", "profiler": not args.no_profiler,
+            "profile_sizes": args.profile_sizes, "config": config}
     if args.source == "slurm":
-        return slurm_options.slurm_harvester(args, live_config(args))
-    if args.dispatch == "pilot":
-        raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: add --source slurm")
-    if args.local_nodes is not None and args.nodes:
-        raise ValueError("give either --local-nodes or --nodes FILE")
-    if args.local_nodes is not None:
-        if args.local_nodes < 1:
-            raise ValueError("--local-nodes must be at least 1")
-        if args.dispatch == "ssh":
-            raise ValueError("--dispatch ssh needs --nodes FILE (hostname, ssh target, slots)")
-        specs = local_nodes(args.local_nodes)
-    elif args.nodes:
-        specs = load_inventory(Path(args.nodes))
-    else:
-        raise ValueError("live mode needs --local-nodes N or --nodes FILE")
-    config = live_config(args)
-    source = StaticSource([n.name for n in specs])
-    if args.dispatch == "simulated":
-        dispatcher = SimulatedDispatcher()
-    else:
-        from core.dispatchers.workers import make_worker_dispatcher
-        dispatcher = make_worker_dispatcher(args.dispatch, specs, args.db,
-                                            report_url=f"http://{args.host}:{args.port}/api/workers",
-                                            ssh_config=str(args.ssh_config) if args.ssh_config else None,
-                                            workdir=args.workdir)
-    real = args.dispatch != "simulated"
-    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
-                         require_command=real, jpa=live_profiler(args, real))
+        live["slurm"] = slurm_options.settings_from(args)
+    return live
 
 
-def live_profiler(args, real: bool) -> Optional[JPAConfig]:
-    """The profiler's settings on real workers (None with simulated ones, or --no-profiler)."""
-    if args.profile_sizes < 0:
-        raise ValueError("--profile-sizes must be 0 or more")
-    return None if (args.no_profiler or not real) else JPAConfig.live(args.profile_sizes)
+def settings_from(args) -> HarvesterSettings:
+    """The command line as settings (checked there, once); raises SettingsError or ValueError."""
+    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick}
+    if bool(args.dispatch) or args.source == "slurm":
+        data["live"] = live_settings(args)
+    else:
+        data["replay"], data["speed"] = replay_settings(args)
+    return HarvesterSettings.parse(data)
+
+
+def flag(path: str) -> str:
+    """The option that sets a setting, for error messages (`replay.hours` -> `--hours`)."""
+    if path in FLAGS:
+        return FLAGS[path]
+    mode, _, rest = path.rpartition(".") if "." not in path else path.partition(".")
+    if rest.startswith("slurm."):
+        return slurm_options.OPTIONS.get(rest[6:], path)
+    if rest.startswith("config."):
+        rest = rest[7:]
+    return "--" + rest.replace("_", "-") if rest else path
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -167,17 +143,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        live = bool(args.dispatch) or args.source == "slurm"
-        settings, speed = scenario(args) if not live else (None, 1.0)
+        settings = settings_from(args)
         users = Users.load(args.users)
         password = None
         if users is None:
             users, password = Users.demo()
-        if live:
-            harvester = live_harvester(args)
-        else:
-            harvester = Harvester(args.db, settings, speed=speed, tick_s=args.tick or 0.5, fresh=args.fresh)
+        harvester = build(settings)
         harvester.open()
+    except SettingsError as e:
+        print(f"error: {e.render(flag)}", file=sys.stderr)
+        return 2
     except (InputError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,14 +15,13 @@ model as the web form.
 """
 from __future__ import annotations
 
-import time
-
 import flask
 from flask import jsonify, request
 from pydantic import ValidationError
 
 from core.explain import why
 from core.schemas import JobSpec, field_errors
+from core.service import Unsupported
 from core.snapshot import BUSY, HELD
 
 from . import context
@@ -46,177 +45,189 @@ def _job_json(j: dict) -> dict:
                               "submit_time", "start_time", "end_time")} | {"confidence": j.get("confidence")}
 
 
+bp = flask.Blueprint("api", __name__, url_prefix="/api")
+
+
 def register(server: flask.Flask) -> None:
-    bp = flask.Blueprint("api", __name__, url_prefix="/api")
-
-    @bp.post("/token")
-    def token():
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict):
-            return _err(400, "send JSON {\"username\": ..., \"password\": ...}")
-        user = context.users.check(str(body.get("username", "")), str(body.get("password", "")))
-        if user is None:
-            return _err(401, "wrong user name or password")
-        return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",
-                        "expires_in": TOKEN_TTL_S, "user": user.name, "role": user.role})
-
-    @bp.get("/health")
-    def health():
-        h = context.harvester
-        snap = h.snapshot
-        ok = snap.status != "error" and h.problem is None
-        body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
-                "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
-        if snap.source_status:
-            body["source"] = snap.source_status     # a stale source is shown, not an outage
-        return jsonify(body), 200 if ok else 503
-
-    @bp.get("/cluster")
-    def cluster():
-        snap = context.harvester.snapshot
-        body = {"time": snap.time, "status": snap.status, "speed": context.harvester.speed,
-                "kpis": snap.kpis, "config": snap.config}
-        if snap.source_status:
-            body["source"] = snap.source_status
-        if request.args.get("nodes", "1") != "0":
-            body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t}
-                             for n, s, j, t in zip(snap.nodes, snap.state, snap.job_of,
-                                                   snap.since or [None] * len(snap.nodes))]
-            for row, info in zip(body["nodes"], snap.node_info):
-                row["source"] = info
-        return jsonify(body)
-
-    @bp.get("/jobs")
-    def jobs():
-        snap = context.harvester.snapshot
-        state, owner = request.args.get("state"), request.args.get("owner")
-        out = [_job_json(j) for j in snap.jobs
-               if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
-        return jsonify({"jobs": out, "count": len(out)})
-
-    @bp.get("/jobs/<job_id>")
-    def job(job_id):
-        h = context.harvester
-        snap = h.snapshot
-        info, job = snap.job(job_id), h.job(job_id)
-        if info is None or job is None:
-            return _err(404, f"no job {job_id}")
-        body = _job_json(info)
-        body["curve"] = job.curve.to_dict()
-        body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
-        status = getattr(h.dispatcher, "status", None) if hasattr(h, "dispatcher") else None
-        st = status(job_id) if status else None
-        if st:
-            body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
-                                                     "committed_step", "loss", "lost", "last_rescale")}
-        profile = h.profile(job_id)
-        body["profile"] = finite(profile)
-        body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
-                          snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
-                          snap.config.get("tfwd", 10.0), snap.config.get("policy", ""), profile=profile)
-        return jsonify(body)
-
-    @bp.post("/jobs")
-    def submit():
-        user = context.current_user()
-        if user is None:
-            return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict):
-            return _err(400, "send the job as a JSON object")
-        try:
-            spec = JobSpec.model_validate(body)
-        except ValidationError as e:
-            return _err(422, "invalid job", errors=field_errors(e))
-        try:
-            job = context.harvester.submit(spec, user.name)
-        except ValueError as e:
-            field, _, msg = str(e).partition(": ")
-            return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
-        except RuntimeError as e:
-            return _err(503, str(e))
-        info = context.harvester.snapshot.job(job.id)
-        resp = jsonify(_job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner,
-                                                    "state": job.state.value})
-        resp.status_code = 201
-        resp.headers["Location"] = f"/api/jobs/{job.id}"
-        return resp
-
-    @bp.delete("/jobs/<job_id>")
-    def cancel(job_id):
-        user = context.current_user()
-        if user is None:
-            return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
-        h = context.harvester
-        job = h.job(job_id)
-        if job is None:
-            return _err(404, f"no job {job_id}")
-        if not user.may_cancel(job.owner):
-            return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may cancel it")
-        try:
-            h.cancel(job_id)
-        except ValueError as e:
-            return _err(409, str(e))
-        except RuntimeError as e:
-            return _err(503, str(e))
-        info = h.snapshot.job(job_id)
-        return jsonify(_job_json(info) if info else {"id": job_id, "state": "cancelled"})
-
-    @bp.post("/replay/<command>")
-    def replay(command):
-        user = context.current_user()
-        if user is None:
-            return _err(401, "log in first")
-        if not user.is_staff:
-            return _err(403, "only staff may control the harvester")
-        h = context.harvester
-        try:
-            if command == "pause":
-                h.pause()
-            elif command == "resume":
-                h.resume()
-            elif command == "speed":
-                body = request.get_json(silent=True) or {}
-                if not isinstance(body, dict):
-                    return _err(400, 'send JSON {"speed": ...}')
-                h.set_speed(float(body.get("speed", 0)))
-            else:
-                return _err(404, f"unknown command {command}; use pause, resume or speed")
-        except (ValueError, TypeError) as e:
-            return _err(422, str(e))
-        except RuntimeError as e:
-            return _err(503, str(e))
-        return jsonify({"status": h.snapshot.status, "speed": h.speed})
-
-    @bp.post("/workers/<job_id>/report")
-    def worker_report(job_id):
-        """Progress from a job's workers, authenticated by the job's own token (not a user's)."""
-        book = getattr(getattr(context.harvester, "dispatcher", None), "book", None)
-        if book is None:
-            return _err(404, "this server runs no workers")
-        status = book.accept_http(job_id, request.headers.get("Authorization"), request.get_data())
-        if status == 204:
-            return "", 204
-        return _err(status, "refused: wrong job token" if status == 401 else "send a JSON object")
-
-    @bp.post("/nodes/<node>/<command>")
-    def node(node, command):
-        """Staff play the node owner on a static source: take a node back, or give it again."""
-        user = context.current_user()
-        if user is None:
-            return _err(401, "log in first")
-        if not user.is_staff:
-            return _err(403, "only staff may reclaim or release nodes")
-        h = context.harvester
-        source = getattr(h, "source", None)
-        if source is None or not hasattr(source, "reclaim"):
-            return _err(409, "this server's node source is not operated by hand")
-        if command not in ("reclaim", "release"):
-            return _err(404, f"unknown command {command}; use reclaim or release")
-        try:
-            getattr(source, command)(node, time.time())
-        except KeyError:
-            return _err(404, f"no node {node}")
-        return jsonify({"node": node, "command": command})
-
     server.register_blueprint(bp)
+
+
+@bp.post("/token")
+def token():
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return _err(400, "send JSON {\"username\": ..., \"password\": ...}")
+    user = context.users.check(str(body.get("username", "")), str(body.get("password", "")))
+    if user is None:
+        return _err(401, "wrong user name or password")
+    return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",
+                    "expires_in": TOKEN_TTL_S, "user": user.name, "role": user.role})
+
+
+@bp.get("/health")
+def health():
+    h = context.harvester
+    snap = h.snapshot
+    ok = snap.status != "error" and h.problem is None
+    body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
+            "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
+    if snap.source_status:
+        body["source"] = snap.source_status     # a stale source is shown, not an outage
+    return jsonify(body), 200 if ok else 503
+
+
+@bp.get("/cluster")
+def cluster():
+    snap = context.harvester.snapshot
+    body = {"time": snap.time, "status": snap.status, "speed": context.harvester.speed,
+            "kpis": snap.kpis, "config": snap.config}
+    if snap.source_status:
+        body["source"] = snap.source_status
+    if request.args.get("nodes", "1") != "0":
+        body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t}
+                         for n, s, j, t in zip(snap.nodes, snap.state, snap.job_of,
+                                               snap.since or [None] * len(snap.nodes))]
+        for row, info in zip(body["nodes"], snap.node_info):
+            row["source"] = info
+    return jsonify(body)
+
+
+@bp.get("/jobs")
+def jobs():
+    snap = context.harvester.snapshot
+    state, owner = request.args.get("state"), request.args.get("owner")
+    out = [_job_json(j) for j in snap.jobs
+           if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
+    return jsonify({"jobs": out, "count": len(out)})
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id):
+    h = context.harvester
+    snap = h.snapshot
+    info, job = snap.job(job_id), h.job(job_id)
+    if info is None or job is None:
+        return _err(404, f"no job {job_id}")
+    body = _job_json(info)
+    body["curve"] = job.curve.to_dict()
+    body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
+    st = h.worker_status(job_id)
+    if st:
+        body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
+                                                 "committed_step", "loss", "lost", "last_rescale")}
+    profile = h.profile(job_id)
+    body["profile"] = finite(profile)
+    body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
+                      snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
+                      snap.config.get("tfwd", 10.0), snap.config.get("policy", ""), profile=profile)
+    return jsonify(body)
+
+
+@bp.post("/jobs")
+def submit():
+    user = context.current_user()
+    if user is None:
+        return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return _err(400, "send the job as a JSON object")
+    try:
+        spec = JobSpec.model_validate(body)
+    except ValidationError as e:
+        return _err(422, "invalid job", errors=field_errors(e))
+    try:
+        job = context.harvester.submit(spec, user.name)
+    except ValueError as e:
+        field, _, msg = str(e).partition(": ")
+        return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
+    except RuntimeError as e:
+        return _err(503, str(e))
+    info = context.harvester.snapshot.job(job.id)
+    resp = jsonify(_job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner,
+                                                "state": job.state.value})
+    resp.status_code = 201
+    resp.headers["Location"] = f"/api/jobs/{job.id}"
+    return resp
+
+
+@bp.delete("/jobs/<job_id>")
+def cancel(job_id):
+    user = context.current_user()
+    if user is None:
+        return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    h = context.harvester
+    job = h.job(job_id)
+    if job is None:
+        return _err(404, f"no job {job_id}")
+    if not user.may_cancel(job.owner):
+        return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may cancel it")
+    try:
+        h.cancel(job_id)
+    except ValueError as e:
+        return _err(409, str(e))
+    except RuntimeError as e:
+        return _err(503, str(e))
+    info = h.snapshot.job(job_id)
+    return jsonify(_job_json(info) if info else {"id": job_id, "state": "cancelled"})
+
+
+@bp.post("/replay/<command>")
+def replay(command):
+    user = context.current_user()
+    if user is None:
+        return _err(401, "log in first")
+    if not user.is_staff:
+        return _err(403, "only staff may control the harvester")
+    h = context.harvester
+    try:
+        if command == "pause":
+            h.pause()
+        elif command == "resume":
+            h.resume()
+        elif command == "speed":
+            body = request.get_json(silent=True) or {}
+            if not isinstance(body, dict):
+                return _err(400, 'send JSON {"speed": ...}')
+            h.set_speed(float(body.get("speed", 0)))
+        else:
+            return _err(404, f"unknown command {command}; use pause, resume or speed")
+    except (ValueError, TypeError) as e:
+        return _err(422, str(e))
+    except Unsupported as e:
+        return _err(409, str(e))
+    except RuntimeError as e:
+        return _err(503, str(e))
+    return jsonify({"status": h.snapshot.status, "speed": h.speed})
+
+
+@bp.post("/workers/<job_id>/report")
+def worker_report(job_id):
+    """Progress from a job's workers, authenticated by the job's own token (not a user's)."""
+    h = context.harvester
+    if not h.capabilities.runs_workers:
+        return _err(404, "this server runs no workers")
+    status = h.worker_report(job_id, request.headers.get("Authorization"), request.get_data())
+    if status == 204:
+        return "", 204
+    return _err(status, "refused: wrong job token" if status == 401 else "send a JSON object")
+
+
+@bp.post("/nodes/<node>/<command>")
+def node(node, command):
+    """Staff play the node owner on a static source: take a node back, or give it again."""
+    user = context.current_user()
+    if user is None:
+        return _err(401, "log in first")
+    if not user.is_staff:
+        return _err(403, "only staff may reclaim or release nodes")
+    h = context.harvester
+    if not h.capabilities.operates_nodes:
+        return _err(409, "this server's node source is not operated by hand")
+    commands = {"reclaim": h.reclaim_node, "release": h.release_node}
+    if command not in commands:
+        return _err(404, f"unknown command {command}; use reclaim or release")
+    try:
+        commands[command](node)
+    except KeyError:
+        return _err(404, f"no node {node}")
+    return jsonify({"node": node, "command": command})

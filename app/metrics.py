@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import flask
-import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
+from core.snapshot import SOLVE_BUCKETS_S
+
 from . import context
 
-SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 STATES = ("queued", "running", "done", "failed", "cancelled")
 
 
 class HarvesterCollector:
     def collect(self):
-        h = context.harvester
-        snap = h.snapshot
+        snap = context.harvester.snapshot
         k = snap.kpis
         g = GaugeMetricFamily("harvest_idle_nodes", "Nodes the main scheduler leaves idle now")
         g.add_metric([], k.get("idle", 0))
@@ -44,12 +43,10 @@ class HarvesterCollector:
         for kind, n in sorted(k.get("events_by_kind", {}).items()):
             c.add_metric([kind], n)
         yield c
-        ctl = h.controller
-        solve_ms = np.asarray(ctl.solve_ms if ctl else [], dtype=float) / 1000.0
-        counts_le = [int(np.count_nonzero(solve_ms <= b)) for b in SOLVE_BUCKETS_S]
-        buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, counts_le)] + [("+Inf", len(solve_ms))]
+        st = snap.solve_times
+        buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, st.le)] + [("+Inf", st.count)]
         hist = HistogramMetricFamily("harvest_solver_seconds", "Allocator solve time per decision")
-        hist.add_metric([], buckets, float(solve_ms.sum()))
+        hist.add_metric([], buckets, st.sum_s)
         yield hist
 
 

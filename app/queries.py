@@ -15,7 +15,7 @@ class History:
         self._local = threading.local()
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
+        conn = vars(self._local).get("conn")
         if conn is None:
             conn = sqlite3.connect(f"file:{self.db.resolve()}?mode=ro", uri=True, check_same_thread=False)
             conn.row_factory = sqlite3.Row

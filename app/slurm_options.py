@@ -1,15 +1,10 @@
-"""`python -m app --source slurm ...`: the command-line options of the Slurm node source and the
-live harvester built from them (the source, and workers inside its pilot jobs or simulated)."""
+"""`python -m app --source slurm ...`: the command-line options of the Slurm node source, read
+into `SlurmSettings` fields (`core.assemble` builds the source and the pilots' workers)."""
 from __future__ import annotations
 
 import argparse
-import math
 
-from core.controller import ControllerConfig
-from core.dispatchers.simulated import SimulatedDispatcher
-from core.jpa import JPAConfig
-from core.service import LiveHarvester
-from core.slurm.settings import SettingError, SlurmSettings, split_list
+from core.settings import SlurmSettings, split_list
 
 #: SlurmSettings field -> the option that sets it (errors name the option)
 OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "--slurm-account",
@@ -55,67 +50,18 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help=f"cancel a pilot not connected after this many seconds (default {d.pending_timeout_s:g})")
 
 
-def settings_from(args) -> SlurmSettings:
+def settings_from(args) -> dict:
+    """The Slurm options as `SlurmSettings` fields (checked when the settings are built)."""
     host, port = args.slurm_hub, 0
     if ":" in host and not host.endswith("]"):
         host, _, p = host.rpartition(":")
         if not p.isdigit():
             raise ValueError(f"--slurm-hub: the port must be a number, not {p!r}")
         port = int(p)
-    for opt, v in (("--slurm-poll", args.slurm_poll), ("--slurm-worker-grace", args.slurm_worker_grace),
-                   ("--slurm-pending-timeout", args.slurm_pending_timeout)):
-        if not math.isfinite(v):
-            raise ValueError(f"{opt} must be a finite number")
-    try:
-        return SlurmSettings(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
-                             max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,
-                             watch=split_list(args.slurm_watch), poll_s=args.slurm_poll,
-                             submit_batch=args.slurm_batch, dry_run=args.slurm_dry_run,
-                             hub_host=host.strip("[]"), hub_port=port, advertise=args.slurm_advertise,
-                             pilot_name=args.slurm_pilot_name, python=args.slurm_python,
-                             log_dir=args.slurm_pilot_logs, conf=args.slurm_conf,
-                             worker_grace_s=args.slurm_worker_grace,
-                             pending_timeout_s=args.slurm_pending_timeout)
-    except SettingError as e:
-        raise ValueError(f"{OPTIONS.get(e.field, e.field)}: {e.message}") from None
-
-
-def slurm_harvester(args, config: ControllerConfig) -> LiveHarvester:
-    """The Slurm source, and the jobs' workers inside its pilots (`--dispatch pilot`, the
-    default) or simulated (`--dispatch simulated`). Raises ValueError for bad options and when
-    Slurm cannot be read."""
-    from core.slurm.source import SlurmSource
-    from core.slurm.cli import SlurmUnavailable
-    dispatch = args.dispatch or "pilot"
-    if dispatch not in ("pilot", "simulated"):
-        raise ValueError(f"--source slurm runs each job's workers inside the pilot jobs: use --dispatch "
-                         f"pilot (or simulated), not {dispatch}")
-    if args.local_nodes is not None or args.nodes:
-        raise ValueError("--source slurm takes its nodes from Slurm: leave out --local-nodes / --nodes")
-    settings = settings_from(args)
-    try:
-        source = SlurmSource(settings)
-    except SlurmUnavailable as e:
-        raise ValueError(f"cannot read Slurm: {e}") from None
-    except SettingError as e:
-        raise ValueError(f"{OPTIONS.get(e.field, e.field)}: {e.message}") from None
-    try:
-        dispatcher = _dispatcher(args, dispatch, source)
-    except BaseException:
-        source.close()
-        raise
-    real = dispatch == "pilot" and not settings.dry_run
-    jpa = None if (args.no_profiler or not real) else JPAConfig.live(args.profile_sizes)
-    return LiveHarvester(args.db, source, dispatcher, config, tick_s=args.tick or 0.2, fresh=args.fresh,
-                         require_command=real, jpa=jpa)
-
-
-def _dispatcher(args, dispatch: str, source):
-    if dispatch == "simulated" or source.hub is None:      # dry run: no node is ever offered
-        return SimulatedDispatcher()
-    from core.dispatchers.workers import make_worker_dispatcher
-    from core.transports.base import NodeSpec
-    return make_worker_dispatcher("pilot", [NodeSpec(n) for n in source.node_names()], args.db,
-                                  report_url=f"http://{args.host}:{args.port}/api/workers",
-                                  workdir=args.workdir, hub=source.hub)
-
+    return dict(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
+                max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,
+                watch=split_list(args.slurm_watch), poll_s=args.slurm_poll, submit_batch=args.slurm_batch,
+                dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
+                advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
+                log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
+                pending_timeout_s=args.slurm_pending_timeout)

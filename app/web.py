@@ -68,10 +68,10 @@ def status_bar(_n):
     snap = h.snapshot
     if snap.status in ("loading", "error") or h.problem:
         return f"replay {snap.status}" + (f": {h.problem}" if h.problem else "")
-    if h.mode == "live":
-        text = f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status} "
-        return [text, source_badge(snap.source_status)] if snap.source_status else text
-    return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"
+    if h.capabilities.can_set_speed:
+        return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"
+    text = f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status} "
+    return [text, source_badge(snap.source_status)] if snap.source_status else text
 
 
 def source_badge(st: dict) -> html.Span:

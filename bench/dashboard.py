@@ -351,16 +351,16 @@ def run_inprocess(workdir: Path, speed: float, updates: int, profile: bool) -> d
     from dash._utils import to_json
 
     from app import context
-    from app.__main__ import build_parser, scenario
+    from app.__main__ import build_parser, settings_from
     from app.auth import Users
     from app.web import create_app
-    from core.service import Harvester
+    from core.assemble import build
 
     workdir.mkdir(parents=True, exist_ok=True)
-    args = build_parser().parse_args(["--db", str(workdir / "harvest.db"), "--speed", str(speed)])
-    settings, speed = scenario(args)
+    args = build_parser().parse_args(["--db", str(workdir / "harvest.db"), "--speed", str(speed),
+                                      "--fresh", "--tick", "0.5"])
     log("in-process: opening a Harvester ...")
-    h = Harvester(workdir / "harvest.db", settings, speed=speed, tick_s=0.5, fresh=True)
+    h = build(settings_from(args))
     h.open()
     try:
         dash_app = create_app(h, Users.load(write_users(workdir / "users.json")))

@@ -36,16 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.controller import ControllerConfig
-from core.dispatchers.simulated import SimulatedDispatcher
-from core.dispatchers.workers import make_worker_dispatcher
+from core.assemble import build
 from core.replay import percentile
 from core.schemas import JobSpec
-from core.service import LiveHarvester
-from core.snapshot import HELD
-from core.slurm.source import SlurmSource
+from core.service import Harvester
+from core.settings import HarvesterSettings
 from core.slurm.settings import SlurmSettings
-from core.transports.base import NodeSpec
+from core.snapshot import HELD
 from tests.slurm import alive, processes_with_env, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +60,7 @@ def _wait(cond, timeout: float, what: str, period: float = 0.02):
         time.sleep(period)
 
 
-def _held(h: LiveHarvester, job_id: str) -> set[str]:
+def _held(h: Harvester, job_id: str) -> set[str]:
     snap = h.snapshot
     return {n for n, s, j in zip(snap.nodes, snap.state, snap.job_of) if s == HELD and j == job_id}
 
@@ -77,15 +74,10 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
     rng = random.Random(6)
     try:
         (workdir / "pilots").mkdir()
-        source = SlurmSource(SlurmSettings(conf=str(cluster.conf), log_dir=str(workdir / "pilots"),
-                                           worker_grace_s=grace_s))
-        if dispatch == "pilot":
-            dispatcher = make_worker_dispatcher("pilot", [NodeSpec(n) for n in source.node_names()],
-                                                workdir / "harvest.db", workdir=str(ROOT), hub=source.hub)
-        else:
-            dispatcher = SimulatedDispatcher()
-        h = LiveHarvester(workdir / "harvest.db", source, dispatcher, ControllerConfig(tfwd=600),
-                          require_command=dispatch == "pilot")
+        h = build(HarvesterSettings.parse({"db": workdir / "harvest.db", "live": {
+            "source": "slurm", "dispatch": dispatch, "workdir": str(ROOT), "profiler": False,
+            "config": {"tfwd": 600},
+            "slurm": {"conf": str(cluster.conf), "log_dir": str(workdir / "pilots"), "worker_grace_s": grace_s}}}))
         h.open()
         spec = JobSpec(name="bench", min_nodes=1, max_nodes=nodes, total_samples=64 * 10**8,
                        curve=f"1:100, {nodes}:{100 * nodes}", scale_up_seconds=0, scale_down_seconds=0,

@@ -10,18 +10,22 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from .allocator import Plan, allocate
 from .clock import Clock
+from .counters import Counters, SolveTimes, StepResult
 from .dispatchers.base import Dispatcher
+from .errors import SettingsError
 from .jpa import JPA, Probe
 from .model import (EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState,
                     PauseSample, RateSample)
 from .objective import OBJECTIVES, JobRequest, Problem
 from .policies import POLICIES, SOLVERS, make_policy
+from .snapshot import Snapshot, build_snapshot
 from .store import Batch, Store, job_row
 
 QUEUE_ORDERS = ("fcfs", "priority")
@@ -40,48 +44,17 @@ class ControllerConfig:
     time_limit: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if self.solver not in SOLVERS:
-            raise ValueError(f"unknown solver {self.solver!r}; choose one of {', '.join(SOLVERS)}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}")
-        if self.queue not in QUEUE_ORDERS:
-            raise ValueError(f"unknown queue order {self.queue!r}; choose fcfs or priority")
-        if self.tfwd <= 0 or self.max_jobs < 1 or self.time_limit <= 0:
-            raise ValueError("tfwd and time_limit must be positive, max_jobs at least 1")
-
-
-@dataclass
-class Counters:
-    events: int = 0
-    steps: int = 0
-    solves: int = 0
-    rescales: int = 0
-    preemptions: int = 0
-    jobs_submitted: int = 0
-    jobs_finished: int = 0
-    probes: int = 0               # sizes the advisor forced to learn them
-    tries: int = 0                # untried sizes the allocator chose on the advisor's fit
-    samples: int = 0
-    offered_node_s: float = 0.0
-    used_node_s: float = 0.0
-    by_kind: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class StepResult:
-    time: float
-    events: int
-    idle: int
-    used: int
-    running: int
-    queued: int
-    samples_per_second: float
-    objective: Optional[float] = None
-    solve_ms: Optional[float] = None
-    status: str = ""
-    changes: dict[str, tuple[int, int]] = field(default_factory=dict)
+        for name, allowed in (("policy", POLICIES), ("solver", SOLVERS), ("objective", OBJECTIVES),
+                              ("queue", QUEUE_ORDERS)):
+            if getattr(self, name) not in allowed:
+                raise SettingsError(name, f"unknown {name} {getattr(self, name)!r}; choose one of "
+                                          f"{', '.join(allowed)}")
+        for name in ("tfwd", "time_limit"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise SettingsError(name, f"must be a positive number of seconds, not {v!r}")
+        if isinstance(self.max_jobs, bool) or not isinstance(self.max_jobs, int) or self.max_jobs < 1:
+            raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
 
 
 class Controller:
@@ -105,16 +78,16 @@ class Controller:
         self._seq = itertools.count()
         self.n_queued = 0
         self.counters = Counters()
-        self.solve_ms: list[float] = []
+        self.solve_times = SolveTimes()
         self.last_plan: Optional[Plan] = None
         self.last_allocation = Allocation(clock.now(), {})
-        self._since: dict[str, float] = {}        # node -> when it last joined, left or changed holder
+        self.since: dict[str, float] = {}         # node -> when it last joined, left or changed holder
         self.rescaling_until: dict[str, float] = {}  # job -> end of its current rescale pause
         self.timeline_every = timeline_every      # simulated seconds between timeline points
         self._timeline_t: Optional[float] = None
         self._t_acc: Optional[float] = None
         self._inbox: list[Event] = []
-        self._new_jobs: dict[str, Job] = {}
+        self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
         self.lock = threading.RLock()
         self._batch = Batch()
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
@@ -129,7 +102,7 @@ class Controller:
                 self._batch.nodes[n] = {"name": n, "state": "busy", "since": now, "job": None}
             for n in idle:
                 self.idle[n] = now
-                self._since[n] = now
+                self.since[n] = now
                 self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
             self._batch.meta["config"] = asdict(self.config)
 
@@ -137,16 +110,16 @@ class Controller:
         """Register a job; it is queued and considered at the next step. `durable` writes it to
         the store before returning, so a job a person registered survives a crash right after."""
         with self.lock:
-            if job.id in self.jobs or job.id in self._new_jobs:
+            if job.id in self.jobs or job.id in self.submitted:
                 raise ValueError(f"job id {job.id} already exists")
-            self._new_jobs[job.id] = job
+            self.submitted[job.id] = job
             self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
             if durable and self.store is not None:
                 self.store.write(Batch(jobs={job.id: job_row(job)}))
 
     def cancel(self, job_id: str, durable: bool = False) -> None:
         with self.lock:
-            job = self.jobs.get(job_id) or self._new_jobs.get(job_id)
+            job = self.jobs.get(job_id) or self.submitted.get(job_id)
             if job is None:
                 raise KeyError(job_id)
             now = self.clock.now()
@@ -163,7 +136,7 @@ class Controller:
 
     def job(self, job_id: str) -> Optional[Job]:
         with self.lock:
-            return self.jobs.get(job_id) or self._new_jobs.get(job_id)
+            return self.jobs.get(job_id) or self.submitted.get(job_id)
 
     def post(self, event: Event) -> None:
         with self.lock:
@@ -201,7 +174,7 @@ class Controller:
                         lost = {}
                     if ev.node not in self.idle:
                         self.idle[ev.node] = now
-                        self._since[ev.node] = now
+                        self.since[ev.node] = now
                         self._batch.nodes[ev.node] = {"name": ev.node, "state": "idle", "since": now, "job": None}
                         changed = True
                 elif kind is EventKind.JOB_SUBMIT:
@@ -280,7 +253,7 @@ class Controller:
         if node is None or node not in self.idle:
             return False
         del self.idle[node]
-        self._since[node] = self.clock.now()
+        self.since[node] = self.clock.now()
         self._batch.nodes[node] = {"name": node, "state": "busy", "since": self.clock.now(), "job": None}
         job = self.owner.pop(node, None)
         if job is not None:
@@ -312,11 +285,11 @@ class Controller:
         return nodes
 
     def _end(self, ev: Event, now: float) -> bool:
-        job = self.jobs.get(ev.job) or self._new_jobs.get(ev.job)
+        job = self.jobs.get(ev.job) or self.submitted.get(ev.job)
         if job is None or job.state.finished:
             return False
-        if ev.kind is EventKind.JOB_CANCEL and job.id in self._new_jobs:
-            self._new_jobs.pop(job.id)
+        if ev.kind is EventKind.JOB_CANCEL and job.id in self.submitted:
+            self.submitted.pop(job.id)
             self.jobs[job.id] = job
         state = {EventKind.JOB_DONE: JobState.DONE, EventKind.JOB_FAILED: JobState.FAILED,
                  EventKind.JOB_CANCEL: JobState.CANCELLED}[ev.kind]
@@ -342,7 +315,7 @@ class Controller:
         return True
 
     def _register(self, jid: Optional[str], now: float) -> bool:
-        job = self._new_jobs.pop(jid, None) if jid else None
+        job = self.submitted.pop(jid, None) if jid else None
         if job is None:
             return False
         job.state = JobState.QUEUED
@@ -406,7 +379,7 @@ class Controller:
             plan.objective -= PROBE_BONUS * sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
         self.last_plan = plan
         self.counters.solves += 1
-        self.solve_ms.append(plan.solve_ms)
+        self.solve_times.add(plan.solve_ms)
         result.objective, result.solve_ms, result.status = plan.objective, plan.solve_ms, plan.status
         self._batch.solver_runs.append({
             "time": now, "policy": plan.policy, "solver": plan.solver, "status": plan.status,
@@ -431,11 +404,11 @@ class Controller:
             for n in had - has:
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
-                    self._since[n] = now
+                    self.since[n] = now
                     self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
-                self._since[n] = now
+                self.since[n] = now
                 self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": job.id}
             if before and after:
                 self.counters.rescales += 1
@@ -496,8 +469,8 @@ class Controller:
         ctl.idle = store.idle_nodes()
         rows = store.jobs()
         running = {job.id for job, _ in rows if job.state is JobState.RUNNING}
-        for name, since, owner in store.db.execute("select name, since, job from nodes"):
-            ctl._since[name] = since
+        for name, since, owner in store.node_holders():
+            ctl.since[name] = since
             if owner in running and name in ctl.idle:
                 ctl.owner[name] = owner
         order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
@@ -506,8 +479,7 @@ class Controller:
             if advisor is not None:
                 advisor.register(job)
         if advisor is not None:
-            for t, jid, kind, n, value, secs in store.db.execute(
-                    "select time, job, kind, nodes, value, seconds from samples order by id"):
+            for t, jid, kind, n, value, secs in store.samples():
                 advisor.observe(RateSample(t, jid, n, value, secs or advisor.config.sample_s) if kind == "rate"
                                 else PauseSample(t, jid, kind, value))
         for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
@@ -524,18 +496,29 @@ class Controller:
         counters = store.meta("counters")
         if counters:
             ctl.counters = Counters(**counters)
-        ctl.solve_ms = [r[0] for r in store.db.execute("select solve_ms from solver_runs order by id")]
-        last = store.db.execute("select max(time) from timeline").fetchone()[0]
-        ctl._timeline_t = last
+        for ms in store.solve_times():
+            ctl.solve_times.add(ms)
+        ctl._timeline_t = store.last_timeline_time()
         return ctl
 
     # ---- reading --------------------------------------------------------------------------
+    @property
+    def solve_ms(self) -> list[float]:
+        """Every solve's time in ms, oldest first (for percentiles)."""
+        return self.solve_times.ms
+
+    def snapshot(self, status: str, seq: int, source_status: Optional[dict] = None,
+                 node_info: Optional[dict[str, str]] = None) -> Snapshot:
+        """An immutable picture of this controller for readers that hold no lock."""
+        with self.lock:
+            return build_snapshot(self, status, seq, source_status, node_info)
+
     def nodes(self) -> list[Node]:
         """Every node of the machine with its state and holder (for the grid and the API)."""
         with self.lock:
             names = self.node_names or list(self.idle)
             return [Node(n, NodeState.IDLE if n in self.idle else NodeState.BUSY,
-                         self._since.get(n), self.owner.get(n)) for n in names]
+                         self.since.get(n), self.owner.get(n)) for n in names]
 
     def samples_processed(self) -> float:
         now = self.clock.now()

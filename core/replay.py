@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
-from .controller import QUEUE_ORDERS, Controller, ControllerConfig, StepResult
+from .controller import QUEUE_ORDERS, Controller, ControllerConfig
+from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
-from .errors import InputError
+from .errors import InputError, SettingsError
 from .jobsets import load_jobset
 from .jpa import JPA, JPAConfig
 from .model import Curve, Job, JobState
@@ -63,9 +64,30 @@ class ReplaySettings:
     groups: bool = True           # learned: jobs of one name inform each other's priors
 
     def __post_init__(self) -> None:
+        """Every replay setting is checked here, once, whoever builds the settings."""
+        self.trace, self.jobs = Path(self.trace), Path(self.jobs)
+        self.node_list = Path(self.node_list) if self.node_list else None
         if self.curves not in CURVES:
-            raise ValueError(f"unknown --curves {self.curves!r}; choose one of {', '.join(CURVES)}")
-        Measurement(self.noise, self.sample_every, self.seed)   # validates
+            raise SettingsError("curves", f"unknown curves {self.curves!r}; choose one of {', '.join(CURVES)}")
+        if self.nodes is not None and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int)
+                                       or self.nodes < 1):
+            raise SettingsError("nodes", f"the first N nodes: N must be a whole number of at least 1, not {self.nodes!r}")
+        if self.hours is not None and not (_number(self.hours) and self.hours > 0):
+            raise SettingsError("hours", f"must be positive, not {self.hours!r}")
+        if not (_number(self.coalesce) and self.coalesce >= 0):
+            raise SettingsError("coalesce", f"must be 0 or more seconds, not {self.coalesce!r}")
+        self.start = (self.start or "").strip() or None
+        if self.start is not None:
+            try:
+                parse_iso(self.start)
+            except ValueError:
+                raise SettingsError("start", f"give an ISO 8601 time such as 2021-02-10T20:00:00Z, "
+                                             f"not {self.start!r}") from None
+        self.racks = (self.racks or "").strip() or None
+        try:
+            Measurement(self.noise, self.sample_every, self.seed)
+        except ValueError as e:
+            raise SettingsError("noise", str(e)) from None
 
     def key(self) -> dict:
         """What must match for a stored run to be resumed."""
@@ -89,6 +111,10 @@ class ReplaySettings:
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
                    key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
                    key.get("seed", 0), key.get("groups", True))
+
+
+def _number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def linear_guess(job: Job) -> Curve:
@@ -133,7 +159,7 @@ class Replay:
         """Validate every input before the store is opened, so a bad file stores nothing."""
         self.settings = settings
         if resume and db is None:
-            raise ValueError("--resume needs --db")
+            raise SettingsError("resume", "continuing a run needs a store: set {db}")
         self.jobset: list[Job] = load_jobset(settings.jobs)
         prepare_jobs(self.jobset, settings.curves)
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
@@ -147,11 +173,11 @@ class Replay:
         self.start = parse_iso(settings.start) if settings.start else first
         self.end = self.start + settings.hours * 3600 if settings.hours else last + 1.0
         if self.end <= self.start:
-            raise ValueError("the replay window is empty (check --start and --hours)")
+            raise SettingsError("start", "the replay window is empty (check {start} and {hours})")
         store = self.store = Store(db) if db is not None else None
         if store is not None and not resume and not store.is_empty():
             store.close()
-            raise ValueError(f"{db} already holds a run; pass --resume to continue it or choose another --db")
+            raise SettingsError("db", f"{db} already holds a run; set {{resume}} to continue it or choose another store")
         learned = settings.curves == "learned"
         self.dispatcher = SimulatedDispatcher(
             Measurement(settings.noise, settings.sample_every, settings.seed) if learned else None)
@@ -369,12 +395,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         config = ControllerConfig(args.policy, args.solver, args.objective, args.tfwd, args.max_jobs,
                                   args.queue, args.time_limit)
-        if args.hours is not None and args.hours <= 0:
-            raise ValueError("--hours must be positive")
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
                                   args.start, args.hours, args.coalesce, config, args.curves, args.noise,
                                   args.sample_every, args.seed, not args.jpa_no_groups)
         replay = Replay(settings, args.db, resume=args.resume)
+    except SettingsError as e:
+        print(f"error: {e.render(lambda path: '--' + path.rsplit('.', 1)[-1].replace('_', '-'))}", file=sys.stderr)
+        return 2
     except (InputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

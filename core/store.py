@@ -160,6 +160,22 @@ class Store:
         return {r["name"]: r["since"] for r in
                 self.db["nodes"].rows_where("state = 'idle'", order_by="rowid")}
 
+    def node_holders(self) -> list[tuple[str, float, Optional[str]]]:
+        """(name, since, job) of every node, for a restart."""
+        return [tuple(r) for r in self.db.execute("select name, since, job from nodes")]
+
+    def samples(self) -> list[tuple]:
+        """The profiler's measurements in the order taken: (time, job, kind, nodes, value, seconds)."""
+        return [tuple(r) for r in self.db.execute(
+            "select time, job, kind, nodes, value, seconds from samples order by id")]
+
+    def solve_times(self) -> list[float]:
+        """Every recorded solve's time in ms, oldest first."""
+        return [r[0] for r in self.db.execute("select solve_ms from solver_runs order by id")]
+
+    def last_timeline_time(self) -> Optional[float]:
+        return self.db.execute("select max(time) from timeline").fetchone()[0]
+
     def count(self, table: str, where: Optional[str] = None, args: Iterable = ()) -> int:
         sql = f"select count(*) from [{table}]" + (f" where {where}" if where else "")
         return self.db.execute(sql, list(args)).fetchone()[0]

@@ -9,15 +9,16 @@ from pathlib import Path
 import dash
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
-from core.controller import ControllerConfig
-from core.policies import POLICIES
-from core.replay import DATA, ReplaySettings
-from core.service import SPEED_MAX, SPEED_MIN
+from core.errors import SettingsError
+from core.settings import DATA, POLICIES, SPEED_MAX, SPEED_MIN, ReplaySettings
 
 from app import context, ids
 
 dash.register_page(__name__, path="/replay", name="Replay", title="Replay · harvester")
 
+#: how the form names each setting in its messages
+FORM_NAMES = {"start": "window start", "hours": "hours", "nodes": "first N nodes", "racks": "racks",
+              "jobs": "job set", "policy": "policy", "tfwd": "T_fwd"}
 SPEED_MARKS = {0: "1x", 1: "10x", math.log10(60): "60x", math.log10(600): "600x", math.log10(3600): "3600x"}
 
 
@@ -27,7 +28,7 @@ def _jobsets() -> list[dict]:
 
 def layout(**_):
     h = context.harvester
-    if h.mode != "replay":
+    if not h.capabilities.can_restart:
         return html.Div([html.H2("Replay"), html.P(
             "This server runs live: nodes come from a live source and jobs run on real workers. "
             "Start `python -m app` without --dispatch for a replay.", className="why")])
@@ -76,7 +77,7 @@ def layout(**_):
 @dash.callback(Output(ids.RP_STATE, "children"), Input(ids.TICK, "n_intervals"))
 def state(_n):
     h = context.harvester
-    if h.mode != "replay":
+    if not h.capabilities.can_restart:
         return no_update
     snap = h.snapshot
     s = h.settings
@@ -118,25 +119,22 @@ def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks,
             settings = new_settings(h.settings, start, hours, nodes, racks, jobset, policy, tfwd)
             h.restart(settings, speed=speed)
             return html.Span("Loading the new run…", className="ok")
+    except SettingsError as e:
+        return html.Span(e.render(lambda path: FORM_NAMES.get(path.rsplit(".", 1)[-1], path)), className="error")
     except (ValueError, RuntimeError) as e:
         return html.Span(str(e), className="error")
     return no_update
 
 
 def new_settings(base: ReplaySettings, start, hours, nodes, racks, jobset, policy, tfwd) -> ReplaySettings:
-    """Replay settings from the form; raises ValueError with a message a person can act on."""
-    from core.timeutil import parse_iso
-    start = (start or "").strip() or None
-    if start:
-        parse_iso(start)
-    if hours is not None and float(hours) <= 0:
-        raise ValueError("hours must be positive")
-    if nodes is not None and int(nodes) < 1:
-        raise ValueError("first N nodes must be at least 1")
-    allowed = {o["value"] for o in _jobsets()}
-    if jobset not in allowed:
-        raise ValueError("choose one of the job sets in data/")
-    config = replace(base.config, policy=policy, tfwd=float(tfwd) if tfwd else base.config.tfwd)
-    ControllerConfig(**config.__dict__)
-    return replace(base, jobs=Path(jobset), start=start, hours=float(hours) if hours else None,
-                   nodes=int(nodes) if nodes else None, racks=(racks or "").strip() or None, config=config)
+    """Replay settings from the form (checked by ReplaySettings itself); raises SettingsError."""
+    if jobset not in {o["value"] for o in _jobsets()}:
+        raise SettingsError("jobs", "choose one of the job sets in data/")
+    try:
+        config = replace(base.config, policy=policy, tfwd=float(tfwd) if tfwd else base.config.tfwd)
+        return replace(base, jobs=Path(jobset), start=start, hours=float(hours) if hours else None,
+                       nodes=int(nodes) if nodes else None, racks=racks, config=config)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, SettingsError):
+            raise
+        raise SettingsError("", f"a number field holds something else: {e}") from None

@@ -42,3 +42,17 @@ class Dispatcher(ABC):
     def next_event_time(self, now: float) -> Optional[float]:
         """When the dispatcher will next have something to report (simulation only)."""
         return None
+
+    #: whether the job's workers report progress over HTTP (`accept_report`)
+    takes_reports = False
+
+    def status(self, job_id: str) -> Optional[dict]:
+        """What the job's workers say of themselves (generation, members, ...), if they are real."""
+        return None
+
+    def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
+        """A progress report from a job's workers: an HTTP status (204 taken, 401, 400, 404)."""
+        return 404
+
+    def close(self) -> None:
+        """Stop everything still running (the harvester shuts down)."""

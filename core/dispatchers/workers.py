@@ -168,9 +168,14 @@ class WorkerDispatcher(Dispatcher):
                 run.meter = (gen, t, step)
         return out
 
+    takes_reports = True
+
     def status(self, job_id: str) -> Optional[dict]:
         run = self._runs.get(job_id)
         return run.coord.status() if run else None
+
+    def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
+        return self.book.accept_http(job_id, authorization, body)
 
     def poll(self, now: float) -> list[Event]:
         events: list[Event] = []
@@ -341,26 +346,3 @@ class WorkerDispatcher(Dispatcher):
     def _post(self, event: Event) -> None:
         with self._lock:
             self._events.append(event)
-
-
-def make_worker_dispatcher(kind: str, nodes: Sequence[NodeSpec], db: Path,
-                           report_url: Optional[str] = None, ssh_config: Optional[str] = None,
-                           workdir: str = "", hub=None) -> WorkerDispatcher:
-    """The dispatcher `python -m app --dispatch local|ssh|pilot` runs: logs and checkpoints
-    beside the store. `pilot` runs each worker inside the Slurm pilot job that holds its node
-    (`hub`: the Slurm source's PilotHub)."""
-    if kind == "local":
-        from ..transports.local import LocalTransport
-        transport: Transport = LocalTransport()
-    elif kind == "ssh":
-        from ..transports.ssh import SshTransport
-        transport = SshTransport(config=ssh_config)
-    elif kind == "pilot":
-        from ..slurm.transport import PilotTransport
-        if hub is None:
-            raise ValueError("--dispatch pilot runs workers inside Slurm pilot jobs: it needs --source slurm")
-        transport = PilotTransport(hub)
-    else:
-        raise ValueError(f"unknown dispatcher {kind!r}; choose local, ssh or pilot")
-    logdir = Path(str(db) + ".workers")
-    return WorkerDispatcher(transport, nodes, logdir, report_base=report_url, workdir=workdir)

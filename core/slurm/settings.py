@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..errors import SettingsError
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: partition, QOS, account and job names as Slurm accepts them on a command line
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -16,12 +18,8 @@ WATCH_ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 MAX_PILOTS = 100_000
 
 
-class SettingError(ValueError):
-    """A setting out of range; `field` names it (the CLI maps it to its option)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field, self.message = field, message
-        super().__init__(f"{field}: {message}")
+class SettingError(SettingsError):
+    """A Slurm setting out of range; `field` names it (the CLI maps it to its option)."""
 
 
 @dataclass(frozen=True)

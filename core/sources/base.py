@@ -72,5 +72,13 @@ class LiveNodeSource(ABC):
         """What the source itself says about each node (e.g. Slurm's state), for the grid."""
         return {}
 
+    def reclaim(self, node: str, now: float) -> None:
+        """The owner wants `node` back (only where `operated_by_hand`); KeyError for an unknown node."""
+        raise NotImplementedError(f"{self.name} nodes are not operated by hand")
+
+    def release(self, node: str, now: float) -> None:
+        """The owner gives `node` again (only where `operated_by_hand`)."""
+        raise NotImplementedError(f"{self.name} nodes are not operated by hand")
+
     def close(self) -> None:
         """Let go of whatever the source holds (pilot jobs, connections)."""

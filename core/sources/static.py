@@ -12,6 +12,7 @@ from .base import LiveNodeSource
 
 class StaticSource(LiveNodeSource):
     name = "static"
+    operated_by_hand = True
 
     def __init__(self, names: Sequence[str]) -> None:
         if len(set(names)) != len(names):

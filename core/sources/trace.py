@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
-from ..errors import InputError
+from ..errors import InputError, SettingsError
 from ..model import Event, EventKind
 from ..timeutil import parse_iso
 from .base import NodeSource
@@ -101,10 +101,10 @@ def select_nodes(all_nodes: Sequence[str], first: Optional[int] = None,
         from ..model import rack_of
         nodes = [n for n in nodes if rack_of(n) in wanted]
         if not nodes:
-            raise ValueError(f"no node is in racks {racks}")
+            raise SettingsError("racks", f"no node is in racks {racks}")
     if first is not None:
         if first <= 0:
-            raise ValueError("--nodes must be positive")
+            raise SettingsError("nodes", "must be positive")
         nodes = nodes[:first]
     return nodes
 

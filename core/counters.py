@@ -1,0 +1,73 @@
+"""What the controller counts: totals kept across restarts (`Counters`), one step's outcome
+(`StepResult`) and solve times with a running histogram, so /metrics reads a few numbers from the
+snapshot instead of every solve ever made."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Optional
+
+#: upper bounds (seconds) of the solve-time histogram buckets, as Prometheus reads them
+SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass
+class Counters:
+    events: int = 0
+    steps: int = 0
+    solves: int = 0
+    rescales: int = 0
+    preemptions: int = 0
+    jobs_submitted: int = 0
+    jobs_finished: int = 0
+    probes: int = 0               # sizes the advisor forced to learn them
+    tries: int = 0                # untried sizes the allocator chose on the advisor's fit
+    samples: int = 0
+    offered_node_s: float = 0.0
+    used_node_s: float = 0.0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    time: float
+    events: int
+    idle: int
+    used: int
+    running: int
+    queued: int
+    samples_per_second: float
+    objective: Optional[float] = None
+    solve_ms: Optional[float] = None
+    status: str = ""
+    changes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SolveHistogram:
+    """Cumulative counts per bucket of SOLVE_BUCKETS_S, the total count and sum (seconds)."""
+    le: tuple[int, ...] = (0,) * len(SOLVE_BUCKETS_S)
+    count: int = 0
+    sum_s: float = 0.0
+
+
+class SolveTimes:
+    """Every solve's time (ms, for percentiles) and its histogram, kept up to date per solve."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self._bins = [0] * (len(SOLVE_BUCKETS_S) + 1)
+        self._sum_s = 0.0
+
+    def add(self, ms: float) -> None:
+        self.ms.append(ms)
+        s = ms / 1000.0
+        self._bins[bisect.bisect_left(SOLVE_BUCKETS_S, s)] += 1
+        self._sum_s += s
+
+    def histogram(self) -> SolveHistogram:
+        le, total = [], 0
+        for n in self._bins[:-1]:
+            total += n
+            le.append(total)
+        return SolveHistogram(tuple(le), len(self.ms), self._sum_s)

@@ -1,0 +1,7 @@
+"""The one object a running process is organised around (see base.py), in a replay and a live
+variant; front ends get one from `core.assemble.build` and use only what base.py offers."""
+from .base import Capabilities, Harvester, Unsupported
+from .live import LiveHarvester
+from .replay import ReplayHarvester
+
+__all__ = ["Capabilities", "Harvester", "LiveHarvester", "ReplayHarvester", "Unsupported"]

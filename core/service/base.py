@@ -1,0 +1,185 @@
+"""The one object a running process is organised around: it owns the store and the runner
+that moves the controller. The web app (and any other front end) calls only its commands,
+reads the snapshots it publishes and asks its `capabilities`; nothing here knows about HTTP."""
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..controller import Controller
+from ..model import Job
+from ..runners import Runner
+from ..schemas import JobSpec
+from ..snapshot import Snapshot, empty_snapshot
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a front end may offer for this harvester (the rest of the interface is common)."""
+    can_restart: bool = False       # start a new run with other settings (`restart`)
+    can_set_speed: bool = False     # simulated time at a chosen speed (`set_speed`)
+    runs_workers: bool = False      # real workers report progress (`worker_report`, `worker_status`)
+    operates_nodes: bool = False    # staff take nodes back and give them again (`reclaim_node`)
+
+
+class Unsupported(RuntimeError):
+    """A command this harvester's capabilities do not include."""
+
+
+class Harvester:
+    """Variants say how a run opens (`_open`), what a registered job becomes (`_job_from`) and
+    how a command's effect is saved (`_save`)."""
+
+    capabilities = Capabilities()
+
+    def __init__(self, db: Path, tick_s: float, fresh: bool = False) -> None:
+        self.db = Path(db)
+        self.tick_s = tick_s
+        self.fresh = fresh
+        self.runner: Optional[Runner] = None
+        self.error: Optional[str] = None
+        self._lock = threading.RLock()
+        self._seq = 0
+
+    # ---- what a variant says ----------------------------------------------------------------
+    def _open(self, fresh: bool) -> None:
+        """Open or resume the run and start `self.runner`; raises on bad settings."""
+        raise NotImplementedError
+
+    def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
+        raise NotImplementedError
+
+    def _save(self, runner: Runner) -> None:
+        runner.controller.flush()
+
+    # ---- life cycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Load (or resume) the run and start ticking; raises on bad settings."""
+        with self._lock:
+            self._open(self.fresh)
+
+    def _run(self, runner: Runner) -> None:
+        self.runner = runner
+        runner.start()
+        self.error = None
+
+    def _close_runner(self) -> None:
+        if self.runner is not None:
+            self._seq = self.runner.snapshot.seq
+            self.runner.stop()
+            store = self.runner.controller.store
+            if store is not None:
+                store.close()
+            self.runner = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_runner()
+
+    # ---- reading ----------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot:
+        runner = self.runner
+        if runner is None:
+            return empty_snapshot("error" if self.error else "loading", self._seq)
+        return runner.snapshot
+
+    @property
+    def problem(self) -> Optional[str]:
+        """What stopped the harvester, if anything did (shown by /api/health and the pages)."""
+        return self.error or (self.runner.error if self.runner else None)
+
+    @property
+    def speed(self) -> float:
+        return 1.0
+
+    @property
+    def controller(self) -> Optional[Controller]:
+        return self.runner.controller if self.runner else None
+
+    def job(self, job_id: str) -> Optional[Job]:
+        ctl = self.controller
+        return ctl.job(job_id) if ctl else None
+
+    def profile(self, job_id: str) -> Optional[dict]:
+        """What the profiler knows of a job (measured points, fit and band, probes, learned
+        costs), or None when the profiler is off or does not know the job."""
+        ctl = self.controller
+        if ctl is None or ctl.advisor is None:
+            return None
+        with ctl.lock:
+            return ctl.advisor.view(job_id)
+
+    def worker_status(self, job_id: str) -> Optional[dict]:
+        """What a job's real workers say of themselves; None without real workers."""
+        return None
+
+    # ---- commands ---------------------------------------------------------------------------
+    def _live(self) -> Runner:
+        runner = self.runner
+        if runner is None:
+            raise RuntimeError("the harvester is still loading")
+        return runner
+
+    def submit(self, spec: JobSpec, owner: str) -> Job:
+        """Register a job a person asked for; it is in the store when this returns."""
+        runner = self._live()
+        ctl = runner.controller
+        with ctl.lock:
+            job = self._job_from(spec, owner, ctl)
+            ctl.submit(job, durable=True)
+        runner.publish()
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        runner = self._live()
+        ctl = runner.controller
+        job = ctl.job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+
+        def do() -> None:
+            if job.state.finished:
+                raise ValueError(f"job {job_id} has already ended ({job.state.value})")
+            ctl.cancel(job_id, durable=True)
+            ctl.step()    # between ticks (runner lock held): the cancellation takes effect at once
+            self._save(runner)
+        runner.command(do)
+        return job
+
+    def pause(self) -> None:
+        self._live().pause()
+
+    def resume(self) -> None:
+        self._live().resume()
+
+    # ---- commands some harvesters have (see `capabilities`) --------------------------------
+    def restart(self, settings=None, speed: Optional[float] = None, wait: bool = False) -> None:
+        """Start a new run in the background (`can_restart`)."""
+        raise Unsupported("this harvester runs live: there is no replay to restart")
+
+    def set_speed(self, speed: float) -> None:
+        """Simulated seconds per wall second (`can_set_speed`)."""
+        raise Unsupported("live mode runs at wall-clock speed")
+
+    def worker_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
+        """A progress report from a job's workers (`runs_workers`): an HTTP status."""
+        raise Unsupported("this server runs no workers")
+
+    def reclaim_node(self, node: str) -> None:
+        """Staff play the node owner: take `node` back (`operates_nodes`); KeyError if unknown."""
+        raise Unsupported("this server's node source is not operated by hand")
+
+    def release_node(self, node: str) -> None:
+        """Staff give `node` again (`operates_nodes`); KeyError if unknown."""
+        raise Unsupported("this server's node source is not operated by hand")
+
+
+def new_job_id(ctl: Controller) -> str:
+    while True:
+        job_id = "u-" + secrets.token_hex(4)
+        if ctl.job(job_id) is None:
+            return job_id

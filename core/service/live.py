@@ -1,0 +1,98 @@
+"""Live mode: a live node source and a dispatcher that runs real (or simulated) workers, in
+wall time. The store keeps jobs and history; restarted with the same store, jobs that were
+running are taken up again on the nodes the source offers now."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..clock import WallClock
+from ..controller import Controller, ControllerConfig
+from ..dispatchers.base import Dispatcher
+from ..jpa import JPA, JPAConfig
+from ..model import Curve, Event, EventKind, Job
+from ..runners import LiveRunner
+from ..schemas import JobSpec
+from ..sources.base import LiveNodeSource
+from ..store import Store
+from .base import Capabilities, Harvester, new_job_id
+
+
+class LiveHarvester(Harvester):
+    def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
+                 config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
+                 fresh: bool = False, require_command: bool = False,
+                 jpa: Optional[JPAConfig] = None) -> None:
+        super().__init__(db, tick_s, fresh)
+        self.source = source
+        self.dispatcher = dispatcher
+        self.config = config or ControllerConfig()
+        self.require_command = require_command
+        self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
+        self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
+                                         operates_nodes=source.operated_by_hand)
+
+    def _open(self, fresh: bool) -> None:
+        store = Store(self.db)
+        if fresh or (not store.is_empty() and store.meta("live") is None):
+            store.reset()
+        clock = WallClock()
+        names = self.source.node_names()
+        idle = self.source.initial_idle()
+        advisor = JPA(self.jpa) if self.jpa is not None else None
+        if store.meta("live") is not None:
+            ctl = Controller.restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
+            known = set(ctl.idle)
+            for n in known - set(idle):
+                ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))
+            for n in idle:
+                if n not in known:
+                    ctl.post(Event(clock.now(), EventKind.NODE_JOIN, node=n))
+        else:
+            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor)
+            ctl.start(idle)
+        ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
+        self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
+
+    def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
+        """On real workers the curve is optional: given, it is the profiler's prior; left out,
+        the profiler learns it from scratch. Simulated workers run at the curve given."""
+        if self.require_command and not spec.command:
+            raise ValueError("command: a job on real workers needs the command to run on each node")
+        if spec.command and not spec.global_batch:
+            raise ValueError("global_batch: give the samples per step of the command")
+        if spec.curve is None and not (self.require_command and ctl.advisor is not None):
+            raise ValueError("curve: give the job's throughput curve (simulated workers run at it)"
+                             if not self.require_command else
+                             "curve: give the job's throughput curve (the profiler is off)")
+        given = spec.curve.to_curve() if spec.curve is not None else None
+        return Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
+                   total_samples=spec.total_samples, curve=given or Curve((spec.min_nodes,), (0.0,)),
+                   scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                   priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
+                   true_curve=None if self.require_command else given, given_curve=given,
+                   command=tuple(spec.command or ()), global_batch=spec.global_batch or 0)
+
+    def worker_status(self, job_id: str) -> Optional[dict]:
+        return self.dispatcher.status(job_id)
+
+    def worker_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
+        if not self.capabilities.runs_workers:
+            return super().worker_report(job_id, authorization, body)
+        return self.dispatcher.accept_report(job_id, authorization, body)
+
+    def reclaim_node(self, node: str) -> None:
+        if not self.capabilities.operates_nodes:
+            super().reclaim_node(node)
+        self.source.reclaim(node, time.time())
+
+    def release_node(self, node: str) -> None:
+        if not self.capabilities.operates_nodes:
+            super().release_node(node)
+        self.source.release(node, time.time())
+
+    def close(self) -> None:
+        super().close()
+        self.source.close()
+        self.dispatcher.close()

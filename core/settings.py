@@ -1,0 +1,166 @@
+"""What a harvester is built from, checked once. Every front end (the CLI, the replay page, the
+benchmarks, the tests) puts its input into `HarvesterSettings.parse(...)` and hands the result to
+`core.assemble.build`; an error is a `SettingsError` naming the setting by its path
+(`replay.hours`, `live.dispatch`), which the front end words its own way (the CLI: its flags)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from .controller import QUEUE_ORDERS, ControllerConfig
+from .errors import SettingsError
+from .jpa import JPAConfig
+from .policies import POLICIES
+from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
+from .slurm.settings import SlurmSettings, split_list
+
+#: the choices and defaults front ends offer, from where they are defined
+__all__ = ["CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE_ORDERS", "SPEED_MAX",
+           "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
+           "SettingsError", "SlurmSettings", "check_speed", "split_list"]
+
+SPEED_MIN, SPEED_MAX = 1.0, 3600.0
+Dispatch = Literal["simulated", "local", "ssh", "pilot"]
+
+
+def check_speed(speed: float) -> float:
+    """A replay's speed (simulated seconds per wall second) within the range the runner keeps up with."""
+    try:
+        speed = float(speed)
+    except (TypeError, ValueError):
+        raise SettingsError("speed", f"must be a number, not {speed!r}") from None
+    if not (math.isfinite(speed) and SPEED_MIN <= speed <= SPEED_MAX):
+        raise SettingsError("speed", f"must be between {SPEED_MIN:g}x and {SPEED_MAX:g}x")
+    return speed
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class LiveSettings(_Settings):
+    """Live mode: where idle nodes come from and what runs the jobs, in wall time."""
+    source: Literal["static", "slurm"] = "static"
+    dispatch: Optional[Dispatch] = None          # None: pilot with the Slurm source
+    local_nodes: Optional[int] = None            # static source: this many local 'nodes'
+    inventory: Optional[Path] = None             # static source: hostname, ssh target, slots per line
+    ssh_config: Optional[Path] = None
+    workdir: str = ""                            # workers' working directory on the nodes
+    report_url: Optional[str] = None             # where workers post progress (the app's /api/workers)
+    profiler: bool = True                        # learn curves on real workers (else take them as given)
+    profile_sizes: int = 3                       # sizes a new job is measured at whatever it costs
+    config: ControllerConfig = ControllerConfig()
+    slurm: SlurmSettings = SlurmSettings()
+
+    @field_validator("local_nodes")
+    @classmethod
+    def _at_least_one(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v < 1:
+            raise SettingsError("", "must be at least 1")
+        return v
+
+    @field_validator("profile_sizes")
+    @classmethod
+    def _not_negative(cls, v: int) -> int:
+        if v < 0:
+            raise SettingsError("", "must be 0 or more")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LiveSettings":
+        if self.source == "slurm":
+            if self.dispatch not in (None, "pilot", "simulated"):
+                raise SettingsError("dispatch", "with {source} slurm each job's workers run inside the pilot "
+                                                f"jobs: use {{dispatch}} pilot (or simulated), not {self.dispatch}")
+            if self.local_nodes is not None or self.inventory is not None:
+                raise SettingsError("source", "slurm takes its nodes from Slurm: leave out {local_nodes} "
+                                              "and {inventory}")
+            return self
+        if self.dispatch is None:
+            raise SettingsError("dispatch", "choose what runs the jobs: simulated, local or ssh")
+        if self.dispatch == "pilot":
+            raise SettingsError("dispatch", "pilot runs workers inside Slurm pilot jobs: it needs {source} slurm")
+        if self.local_nodes is not None and self.inventory is not None:
+            raise SettingsError("local_nodes", "give either {local_nodes} or {inventory}, not both")
+        if self.local_nodes is None and self.inventory is None:
+            raise SettingsError("local_nodes", "live mode needs {local_nodes} N or {inventory} FILE")
+        if self.dispatch == "ssh" and self.inventory is None:
+            raise SettingsError("inventory", "{dispatch} ssh needs a node file (hostname, ssh target, slots)")
+        return self
+
+    @property
+    def dispatcher(self) -> Dispatch:
+        return self.dispatch or "pilot"
+
+    @property
+    def real_workers(self) -> bool:
+        """Jobs run real commands (not simulated progress, not a Slurm dry run)."""
+        return self.dispatcher != "simulated" and not (self.source == "slurm" and self.slurm.dry_run)
+
+    @property
+    def jpa(self) -> Optional[JPAConfig]:
+        """The profiler's settings: on real workers unless turned off (simulated jobs run at the
+        curve they are given, so there is nothing to learn)."""
+        return JPAConfig.live(self.profile_sizes) if (self.profiler and self.real_workers) else None
+
+
+class HarvesterSettings(_Settings):
+    """Everything `core.assemble.build` needs: a replay (the default) or a live harvester."""
+    db: Path = Path("harvest.db")
+    fresh: bool = False                          # start over even if the store holds a run
+    tick_s: Optional[float] = None               # None: 0.5 s replay, 0.2 s live
+    replay: Optional[ReplaySettings] = None
+    speed: float = 60.0                          # replay: simulated seconds per wall second
+    live: Optional[LiveSettings] = None
+
+    @field_validator("speed")
+    @classmethod
+    def _speed(cls, v: float) -> float:
+        try:
+            return check_speed(v)
+        except SettingsError as e:
+            raise SettingsError("", e.message) from None
+
+    @field_validator("tick_s")
+    @classmethod
+    def _tick(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not (math.isfinite(v) and 0 < v <= 60):
+            raise SettingsError("", "must be a number of seconds in (0, 60]")
+        return v
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "HarvesterSettings":
+        if self.replay is not None and self.live is not None:
+            raise SettingsError("live", "a harvester replays a trace or runs live, not both")
+        return self
+
+    @property
+    def tick(self) -> float:
+        return self.tick_s or (0.2 if self.live is not None else 0.5)
+
+    @property
+    def replay_settings(self) -> ReplaySettings:
+        return self.replay if self.replay is not None else ReplaySettings()
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> "HarvesterSettings":
+        """Validate `data`; raises SettingsError for the first problem, named by its path."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise settings_error(e) from None
+
+
+def settings_error(e: ValidationError) -> SettingsError:
+    """The first error of a validation as a SettingsError with the setting's whole path."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, SettingsError):
+        return cause.within(loc) if loc else cause
+    if err["type"] == "extra_forbidden":
+        return SettingsError(loc, "unknown setting")
+    return SettingsError(loc, err["msg"])
