@@ -79,6 +79,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
             "config": {"tfwd": 600},
             "slurm": {"conf": str(cluster.conf), "log_dir": str(workdir / "pilots"), "worker_grace_s": grace_s}}}))
         h.open()
+        source = h.source          # the pilots' bookkeeping, read to time each step of a vacate
         spec = JobSpec(name="bench", min_nodes=1, max_nodes=nodes, total_samples=64 * 10**8,
                        curve=f"1:100, {nodes}:{100 * nodes}", scale_up_seconds=0, scale_down_seconds=0,
                        global_batch=64 if dispatch == "pilot" else None,
@@ -91,7 +92,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
                 return False
             if dispatch != "pilot":
                 return True
-            st = dispatcher.status(job.id) or {}
+            st = h.worker_status(job.id) or {}
             return st.get("world_size") == nodes and not st.get("regrouping")
 
         _wait(full, 240, f"the job on all {nodes} nodes")

@@ -9,28 +9,25 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import math
 import threading
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from .allocator import Plan, allocate
+from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
 from .dispatchers.base import Dispatcher
 from .errors import SettingsError
 from .jpa import JPA, Probe
-from .model import (EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState,
-                    PauseSample, RateSample)
-from .objective import OBJECTIVES, JobRequest, Problem
+from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
+from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .snapshot import Snapshot, build_snapshot
 from .store import Batch, Store, job_row
 
 QUEUE_ORDERS = ("fcfs", "priority")
-#: what a forced probe adds to its size's value: more than any plan's objective can be
-PROBE_BONUS = 1e12
 
 
 @dataclass
@@ -57,13 +54,13 @@ class ControllerConfig:
             raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
 
 
-class Controller:
+class Controller:  # ~400 lines: every step reads and writes the same node, job and queue state; split further, that state would be passed around
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
                  timeline_every: float = 60.0, advisor: Optional[JPA] = None) -> None:
         self.config = config or ControllerConfig()
         self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
-        self._news: set[str] = set()              # jobs with a first sample at a size this step
+        self.advice = Advice(advisor)
         self.policy = make_policy(self.config.policy, self.config.solver)
         self.dispatcher = dispatcher
         self.clock = clock
@@ -84,8 +81,8 @@ class Controller:
         self.since: dict[str, float] = {}         # node -> when it last joined, left or changed holder
         self.rescaling_until: dict[str, float] = {}  # job -> end of its current rescale pause
         self.timeline_every = timeline_every      # simulated seconds between timeline points
-        self._timeline_t: Optional[float] = None
-        self._t_acc: Optional[float] = None
+        self.timeline_at: Optional[float] = None        # time of the last timeline point
+        self.accounted_until: Optional[float] = None    # node-seconds are counted up to here
         self._inbox: list[Event] = []
         self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
         self.lock = threading.RLock()
@@ -97,13 +94,13 @@ class Controller:
         """Record the machine and the nodes idle when the controller starts."""
         now = self.clock.now()
         with self.lock:
-            self._t_acc = now
+            self.accounted_until = now
             for n in self.node_names:
-                self._batch.nodes[n] = {"name": n, "state": "busy", "since": now, "job": None}
+                self._batch.node(n, False, now)
             for n in idle:
                 self.idle[n] = now
                 self.since[n] = now
-                self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
+                self._batch.node(n, True, now)
             self._batch.meta["config"] = asdict(self.config)
 
     def submit(self, job: Job, durable: bool = False) -> None:
@@ -148,7 +145,7 @@ class Controller:
             now = self.clock.now()
             batch = sorted([*self._inbox, *events], key=lambda e: EVENT_PRIORITY[e.kind])
             self._inbox.clear()
-            samples = self.dispatcher.samples(now) if self.advisor is not None else []
+            samples = self.dispatcher.samples(now) if self.advice.on else []
             if not batch and not samples and not force:
                 return None
             self._account(now)
@@ -175,7 +172,7 @@ class Controller:
                     if ev.node not in self.idle:
                         self.idle[ev.node] = now
                         self.since[ev.node] = now
-                        self._batch.nodes[ev.node] = {"name": ev.node, "state": "idle", "since": now, "job": None}
+                        self._batch.node(ev.node, True, now)
                         changed = True
                 elif kind is EventKind.JOB_SUBMIT:
                     changed |= self._register(ev.job, now)
@@ -183,14 +180,11 @@ class Controller:
                     changed = True
             if lost:
                 self._vacate(lost, now)
-            probes: dict[str, Probe] = {}
-            if self.advisor is not None:
-                measured = self._learn(samples) if samples else set()
-                changed |= bool(self._news)
-                self._news.clear()
-                probes = self.advisor.wanted_probes(now, self._remaining(now), measured,
-                                                    room=len(self.idle) - len(self.owner), tfwd=self.config.tfwd)
-                changed |= bool(probes)
+            measured = self.advice.learn(samples, self._batch, self.counters)
+            changed |= self.advice.take_news()
+            probes = self.advice.probes(now, self._remaining(now), measured, len(self.idle) - len(self.owner),
+                                        self.config.tfwd)
+            changed |= bool(probes)
             changed |= self._admit(now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
@@ -200,61 +194,39 @@ class Controller:
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
                                               dict(result.changes))
-            if self._timeline_t is None or now - self._timeline_t >= self.timeline_every:
+            if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
                 self._timeline_point(now, result.samples_per_second)
             return result
 
-    def _learn(self, samples: list) -> set[str]:
-        """Hand measurements to the advisor and the store. Returns the jobs that got a
-        throughput sample; those whose sample was the first at a size are news (`_news`)."""
-        assert self.advisor is not None
-        measured: set[str] = set()
-        for smp in samples:
-            if isinstance(smp, RateSample):
-                row = {"time": smp.time, "job": smp.job, "kind": "rate", "nodes": smp.nodes, "value": smp.rate,
-                       "seconds": smp.seconds}
-                measured.add(smp.job)
-            elif isinstance(smp, PauseSample):
-                row = {"time": smp.time, "job": smp.job, "kind": smp.kind, "nodes": None, "value": smp.seconds,
-                       "seconds": None}
-            else:
-                continue
-            self._batch.samples.append(row)
-            self.counters.samples += 1
-            if self.advisor.observe(smp):
-                self._news.add(smp.job)
-        return measured
-
     def _remaining(self, now: float) -> dict[str, float]:
         """Samples each running job has still to process (what a probe's gain is spread over)."""
+        if not self.advice.on:
+            return {}
         return {jid: max(0.0, self.jobs[jid].total_samples - self.dispatcher.progress(self.jobs[jid], now))
                 for jid in self.running}
 
     def _timeline_point(self, now: float, rate: Optional[float] = None) -> None:
         if rate is None:
             rate = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
-        self._timeline_t = now
-        self._batch.timeline.append({"time": now, "idle": len(self.idle), "used": len(self.owner),
-                                     "running": len(self.running), "queued": self.n_queued,
-                                     "samples_per_second": rate})
+        self.timeline_at = now
+        self._batch.timeline_point(now, len(self.idle), len(self.owner), len(self.running), self.n_queued, rate)
 
     def _log(self, ev: Event) -> None:
-        self._batch.events.append({"time": ev.time, "kind": ev.kind.value, "node": ev.node,
-                                   "job": ev.job, "detail": ev.detail})
+        self._batch.event(ev)
 
     def _account(self, now: float) -> None:
-        if self._t_acc is not None and now > self._t_acc:
-            dt = now - self._t_acc
+        if self.accounted_until is not None and now > self.accounted_until:
+            dt = now - self.accounted_until
             self.counters.offered_node_s += len(self.idle) * dt
             self.counters.used_node_s += len(self.owner) * dt
-        self._t_acc = now if self._t_acc is None else max(self._t_acc, now)
+        self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
 
     def _leave(self, node: Optional[str], lost: dict[str, list[str]]) -> bool:
         if node is None or node not in self.idle:
             return False
         del self.idle[node]
         self.since[node] = self.clock.now()
-        self._batch.nodes[node] = {"name": node, "state": "busy", "since": self.clock.now(), "job": None}
+        self._batch.node(node, False, self.clock.now())
         job = self.owner.pop(node, None)
         if job is not None:
             lost.setdefault(job, []).append(node)
@@ -269,8 +241,7 @@ class Controller:
             after = [n for n in before if n not in gone]
             self.held[jid] = after
             self.dispatcher.vacate(job, nodes, now)
-            if self.advisor is not None:
-                self.advisor.ran(jid, len(after), now)
+            self.advice.ran(jid, len(after), now)
             self.counters.preemptions += len(nodes)
             if after:
                 self.rescaling_until[jid] = now + job.scale_down_seconds
@@ -281,7 +252,7 @@ class Controller:
         for n in nodes:
             self.owner.pop(n, None)
             if n in self.idle:
-                self._batch.nodes[n] = {"name": n, "state": "idle", "since": self.idle[n], "job": None}
+                self._batch.node(n, True, self.idle[n])
         return nodes
 
     def _end(self, ev: Event, now: float) -> bool:
@@ -305,8 +276,7 @@ class Controller:
         self._release(job)
         self.running.pop(job.id, None)
         self.rescaling_until.pop(job.id, None)
-        if self.advisor is not None:
-            self.advisor.ran(job.id, 0, now)
+        self.advice.ran(job.id, 0, now)
         if before:
             self._record_change(job, before, [], now, state.value)
         if state is JobState.DONE:
@@ -320,14 +290,17 @@ class Controller:
             return False
         job.state = JobState.QUEUED
         self.jobs[job.id] = job
-        if self.advisor is not None:
-            self.advisor.register(job)
-            self._believe(job)
+        self.advice.register(job)
         self.counters.jobs_submitted += 1
         self.n_queued += 1
         self._push_queue(job)
         self._batch.jobs[job.id] = job_row(job)
         return True
+
+    def enqueue(self, job: Job) -> None:
+        """Queue a job taken up again from the store (restore)."""
+        self._push_queue(job)
+        self.n_queued += 1
 
     def _push_queue(self, job: Job) -> None:
         key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
@@ -349,30 +322,10 @@ class Controller:
             admitted = True
         return admitted
 
-    def _believe(self, job: Job) -> JobRequest:
-        """The job as the allocator sees it: its own curve and costs, or the advisor's belief
-        (which also becomes `job.curve`, the curve the dashboard shows as in use)."""
-        held = tuple(self.held.get(job.id, ()))
-        if self.advisor is None or not self.advisor.known(job.id):
-            return JobRequest(job.id, job.min_nodes, job.max_nodes, job.curve, job.scale_up_seconds,
-                              job.scale_down_seconds, held, job.priority)
-        b = self.advisor.belief(job.id)
-        job.curve = b.curve
-        return JobRequest(job.id, job.min_nodes, max(job.min_nodes, b.max_nodes), b.curve,
-                          b.scale_up_seconds, b.scale_down_seconds, held, job.priority)
-
     def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
-        reqs = [self._believe(j) for j in jobs]
-        forced: dict[str, int] = {}
-        room = len(self.idle) - len(self.owner)           # a probe grows into free nodes only
-        for i, r in enumerate(reqs):
-            probe = (probes or {}).get(r.id)
-            if probe is not None and probe.size - r.current <= room:
-                reqs[i] = JobRequest(r.id, probe.size, probe.size, r.curve, r.scale_up_seconds,
-                                     r.scale_down_seconds, r.current_nodes, r.priority, PROBE_BONUS)
-                forced[r.id] = probe.size
-                room -= max(0, probe.size - r.current)
+        reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
+        forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         problem = Problem(list(self.idle), reqs, self.config.tfwd, self.config.objective)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced:
@@ -381,23 +334,19 @@ class Controller:
         self.counters.solves += 1
         self.solve_times.add(plan.solve_ms)
         result.objective, result.solve_ms, result.status = plan.objective, plan.solve_ms, plan.status
-        self._batch.solver_runs.append({
-            "time": now, "policy": plan.policy, "solver": plan.solver, "status": plan.status,
-            "objective": plan.objective, "jobs": len(reqs), "nodes": len(problem.nodes),
-            "solve_ms": plan.solve_ms})
+        self._batch.solver_run(now, plan, len(reqs), len(problem.nodes))
         for job in jobs:
             before = self.held.get(job.id, [])
             after = plan.assignment.get(job.id, [])
             if len(after) == len(before):
                 continue  # no migration: same size means same nodes
-            if self.advisor is not None:
-                why = self.advisor.ran(job.id, len(after), now)
-                if why:
-                    if forced.get(job.id) == len(after):
-                        self.counters.probes += 1
-                    else:
-                        self.counters.tries += 1
-                    self._log(Event(now, EventKind.PROBE, job=job.id, detail=why))
+            why = self.advice.ran(job.id, len(after), now)
+            if why:
+                if forced.get(job.id) == len(after):
+                    self.counters.probes += 1
+                else:
+                    self.counters.tries += 1
+                self._log(Event(now, EventKind.PROBE, job=job.id, detail=why))
             self.dispatcher.resize(job, after, now)
             self.held[job.id] = list(after)
             had, has = set(before), set(after)
@@ -405,11 +354,11 @@ class Controller:
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
                     self.since[n] = now
-                    self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": None}
+                    self._batch.node(n, True, now)
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
                 self.since[n] = now
-                self._batch.nodes[n] = {"name": n, "state": "idle", "since": now, "job": job.id}
+                self._batch.node(n, True, now, job.id)
             if before and after:
                 self.counters.rescales += 1
                 self.rescaling_until[job.id] = now + (
@@ -421,17 +370,9 @@ class Controller:
 
     def _record_change(self, job: Job, before: Sequence[str], after: Sequence[str], now: float,
                        reason: str) -> None:
-        b, a = set(before), set(after)
-        self._batch.allocations.append({
-            "time": now, "job": job.id, "from_nodes": len(before), "to_nodes": len(after),
-            "added": json.dumps([n for n in after if n not in b]),
-            "removed": json.dumps([n for n in before if n not in a]), "reason": reason})
-        rate = self.dispatcher.rate(job)
-        if after and job.state is JobState.RUNNING:
-            self._batch.throughput.append({"time": now, "job": job.id, "nodes": len(after),
-                                           "samples_per_second": rate, "source": self.dispatcher.name,
-                                           "samples_done": self.dispatcher.progress(job, now)})
-        self._batch.jobs[job.id] = job_row(job, after, rate)
+        running = bool(after) and job.state is JobState.RUNNING
+        self._batch.change(now, job, before, after, reason, self.dispatcher.rate(job),
+                           self.dispatcher.progress(job, now) if running else None, self.dispatcher.name)
 
     # ---- persistence ----------------------------------------------------------------------
     def flush(self, extra_meta: Optional[dict] = None) -> None:
@@ -445,7 +386,7 @@ class Controller:
                 job.samples_done = self.dispatcher.progress(job, now)
                 self._batch.jobs[jid] = job_row(job, self.held.get(jid, []), self.dispatcher.rate(job))
             self._batch.meta["clock"] = now
-            if self._timeline_t is None or now - self._timeline_t >= self.timeline_every:
+            if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
                 self._timeline_point(now)
             self._batch.meta["running"] = list(self.running)
             self._batch.meta["counters"] = asdict(self.counters)
@@ -454,52 +395,6 @@ class Controller:
             batch, self._batch = self._batch, Batch()
             if self.store is not None:
                 self.store.write(batch)
-
-    @classmethod
-    def restore(cls, store: Store, dispatcher: Dispatcher, clock: Clock,
-                config: Optional[ControllerConfig] = None, node_names: Sequence[str] = (),
-                advisor: Optional[JPA] = None) -> "Controller":
-        """Rebuild a controller from its store: jobs, their progress and nodes, queue, counters,
-        and what the advisor had learned (its samples are replayed into it)."""
-        saved = store.meta("config")
-        ctl = cls(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store, node_names,
-                  advisor=advisor)
-        now = clock.now()
-        ctl._t_acc = now
-        ctl.idle = store.idle_nodes()
-        rows = store.jobs()
-        running = {job.id for job, _ in rows if job.state is JobState.RUNNING}
-        for name, since, owner in store.node_holders():
-            ctl.since[name] = since
-            if owner in running and name in ctl.idle:
-                ctl.owner[name] = owner
-        order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
-        for job, nodes in rows:
-            ctl.jobs[job.id] = job
-            if advisor is not None:
-                advisor.register(job)
-        if advisor is not None:
-            for t, jid, kind, n, value, secs in store.samples():
-                advisor.observe(RateSample(t, jid, n, value, secs or advisor.config.sample_s) if kind == "rate"
-                                else PauseSample(t, jid, kind, value))
-        for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
-            if job.state is JobState.RUNNING:
-                ctl.running[job.id] = None
-                ctl.held[job.id] = [n for n in nodes if ctl.owner.get(n) == job.id]
-                dispatcher.resize(job, ctl.held[job.id], now)
-                if advisor is not None:
-                    advisor.ran(job.id, len(ctl.held[job.id]), now)
-        for job, _ in rows:
-            if job.state is JobState.QUEUED:
-                ctl._push_queue(job)
-                ctl.n_queued += 1
-        counters = store.meta("counters")
-        if counters:
-            ctl.counters = Counters(**counters)
-        for ms in store.solve_times():
-            ctl.solve_times.add(ms)
-        ctl._timeline_t = store.last_timeline_time()
-        return ctl
 
     # ---- reading --------------------------------------------------------------------------
     @property

@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
 from .controller import QUEUE_ORDERS, Controller, ControllerConfig
+from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
 from .errors import InputError, SettingsError
@@ -192,7 +193,7 @@ class Replay:
                 store.close()
                 raise ValueError(f"{db} holds a replay with other settings: {saved}")
             self.clock = SimClock(resumed_at)
-            self.controller = Controller.restore(store, self.dispatcher, self.clock,
+            self.controller = restore(store, self.dispatcher, self.clock,
                                                  settings.config, self.all_nodes, advisor=self.advisor)
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end,
                                       settings.coalesce, resume_after=resumed_at,

@@ -11,11 +11,11 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import sqlite_utils
 
-from .model import Curve, Job, JobState
+from .model import Curve, Event, Job, JobState, PauseSample, RateSample
 
 SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "jobs": ({
@@ -66,6 +66,44 @@ class Batch:
     def __bool__(self) -> bool:
         return any((self.jobs, self.nodes, self.events, self.allocations, self.throughput,
                     self.solver_runs, self.timeline, self.samples, self.meta))
+
+    # ---- rows in the store's shape, so the controller only says what happened ---------------
+    def node(self, name: str, idle: bool, since: Optional[float], job: Optional[str] = None) -> None:
+        self.nodes[name] = {"name": name, "state": "idle" if idle else "busy", "since": since, "job": job}
+
+    def event(self, ev: Event) -> None:
+        self.events.append({"time": ev.time, "kind": ev.kind.value, "node": ev.node, "job": ev.job,
+                            "detail": ev.detail})
+
+    def sample(self, smp: RateSample | PauseSample) -> None:
+        if isinstance(smp, RateSample):
+            self.samples.append({"time": smp.time, "job": smp.job, "kind": "rate", "nodes": smp.nodes,
+                                 "value": smp.rate, "seconds": smp.seconds})
+        else:
+            self.samples.append({"time": smp.time, "job": smp.job, "kind": smp.kind, "nodes": None,
+                                 "value": smp.seconds, "seconds": None})
+
+    def solver_run(self, now: float, plan: Any, jobs: int, nodes: int) -> None:
+        self.solver_runs.append({"time": now, "policy": plan.policy, "solver": plan.solver,
+                                 "status": plan.status, "objective": plan.objective, "jobs": jobs,
+                                 "nodes": nodes, "solve_ms": plan.solve_ms})
+
+    def change(self, now: float, job: Job, before: Sequence[str], after: Sequence[str], reason: str,
+               rate: float, done: Optional[float], source: str) -> None:
+        """A job's node set changed: the allocation, a throughput point (while it runs), its row."""
+        b, a = set(before), set(after)
+        self.allocations.append({
+            "time": now, "job": job.id, "from_nodes": len(before), "to_nodes": len(after),
+            "added": json.dumps([n for n in after if n not in b]),
+            "removed": json.dumps([n for n in before if n not in a]), "reason": reason})
+        if done is not None:
+            self.throughput.append({"time": now, "job": job.id, "nodes": len(after), "samples_per_second": rate,
+                                    "source": source, "samples_done": done})
+        self.jobs[job.id] = job_row(job, after, rate)
+
+    def timeline_point(self, now: float, idle: int, used: int, running: int, queued: int, rate: float) -> None:
+        self.timeline.append({"time": now, "idle": idle, "used": used, "running": running, "queued": queued,
+                              "samples_per_second": rate})
 
 
 def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:

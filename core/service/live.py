@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..clock import WallClock
 from ..controller import Controller, ControllerConfig
+from ..restore import restore
 from ..dispatchers.base import Dispatcher
 from ..jpa import JPA, JPAConfig
 from ..model import Curve, Event, EventKind, Job
@@ -42,7 +43,7 @@ class LiveHarvester(Harvester):
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
         if store.meta("live") is not None:
-            ctl = Controller.restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
+            ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
             known = set(ctl.idle)
             for n in known - set(idle):
                 ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))

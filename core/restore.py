@@ -1,0 +1,56 @@
+"""A controller rebuilt from its store after a restart: jobs with their progress and nodes,
+the queue, counters, solve times, and what the profiler had learned (its samples replayed)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .clock import Clock
+from .controller import Controller, ControllerConfig
+from .counters import Counters
+from .dispatchers.base import Dispatcher
+from .jpa import JPA
+from .model import JobState, PauseSample, RateSample
+from .store import Store
+
+
+def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
+            node_names: Sequence[str] = (), advisor: Optional[JPA] = None) -> Controller:
+    """Rebuild a controller from its store (only its public attributes are set)."""
+    saved = store.meta("config")
+    ctl = Controller(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store,
+                     node_names, advisor=advisor)
+    now = clock.now()
+    ctl.accounted_until = now
+    ctl.idle = store.idle_nodes()
+    rows = store.jobs()
+    running = {job.id for job, _ in rows if job.state is JobState.RUNNING}
+    for name, since, owner in store.node_holders():
+        ctl.since[name] = since
+        if owner in running and name in ctl.idle:
+            ctl.owner[name] = owner
+    order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
+    for job, nodes in rows:
+        ctl.jobs[job.id] = job
+        if advisor is not None:
+            advisor.register(job)
+    if advisor is not None:
+        for t, jid, kind, n, value, secs in store.samples():
+            advisor.observe(RateSample(t, jid, n, value, secs or advisor.config.sample_s) if kind == "rate"
+                            else PauseSample(t, jid, kind, value))
+    for job, nodes in sorted(rows, key=lambda r: order.get(r[0].id, len(order))):
+        if job.state is JobState.RUNNING:
+            ctl.running[job.id] = None
+            ctl.held[job.id] = [n for n in nodes if ctl.owner.get(n) == job.id]
+            dispatcher.resize(job, ctl.held[job.id], now)
+            if advisor is not None:
+                advisor.ran(job.id, len(ctl.held[job.id]), now)
+    for job, _ in rows:
+        if job.state is JobState.QUEUED:
+            ctl.enqueue(job)
+    counters = store.meta("counters")
+    if counters:
+        ctl.counters = Counters(**counters)
+    for ms in store.solve_times():
+        ctl.solve_times.add(ms)
+    ctl.timeline_at = store.last_timeline_time()
+    return ctl
