@@ -54,7 +54,7 @@ class ControllerConfig:
             raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
 
 
-class Controller:  # ~400 lines: every step reads and writes the same node, job and queue state; split further, that state would be passed around
+class Controller:  # ~360 lines: one step reads and writes the same node, job and queue state; split further, that state would be passed around
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
                  timeline_every: float = 60.0, advisor: Optional[JPA] = None) -> None:

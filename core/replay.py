@@ -391,6 +391,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def progress_bar(replay: Replay):
+    """A tqdm bar over the simulated hours left, and the callback that moves it."""
+    from tqdm import tqdm
+    span_h = (replay.end - replay.clock.now()) / 3600.0
+    bar = tqdm(total=round(span_h, 2), unit="sim h", file=sys.stderr, disable=None,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} sim h [{elapsed}<{remaining}]")
+    origin = replay.clock.now()
+
+    def show(now: float) -> None:
+        done = min(span_h, (now - origin) / 3600.0)
+        if done - bar.n >= 0.1 or done >= span_h:
+            bar.update(done - bar.n)
+    return bar, show
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -422,20 +437,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "" if r.solve_ms is None else round(r.solve_ms, 3), r.status,
                              ";".join(f"{j}:{a}->{b}" for j, (a, b) in r.changes.items())])
 
-    bar = None
-    progress: Optional[Callable[[float], None]] = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        span_h = (replay.end - replay.clock.now()) / 3600.0
-        bar = tqdm(total=round(span_h, 2), unit="sim h", file=sys.stderr, disable=None,
-                   bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} sim h [{elapsed}<{remaining}]")
-        origin = replay.clock.now()
-
-        def show(now: float) -> None:
-            done = min(span_h, (now - origin) / 3600.0)
-            if done - bar.n >= 0.1 or done >= span_h:
-                bar.update(done - bar.n)
-        progress = show
+    bar, progress = (None, None) if args.no_progress else progress_bar(replay)
     try:
         summary = replay.run(on_step, progress)
     except KeyboardInterrupt:
