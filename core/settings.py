@@ -161,6 +161,6 @@ def settings_error(e: ValidationError) -> SettingsError:
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, SettingsError):
         return cause.within(loc) if loc else cause
-    if err["type"] == "extra_forbidden":
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return SettingsError(loc, "unknown setting")
     return SettingsError(loc, err["msg"])

@@ -1,0 +1,73 @@
+"""core/assemble.py: one place builds every harvester from settings, with the capabilities
+front ends ask for instead of a mode string."""
+from __future__ import annotations
+
+import pytest
+
+from core.assemble import build
+from core.dispatchers.simulated import SimulatedDispatcher
+from core.dispatchers.workers import WorkerDispatcher
+from core.errors import InputError, SettingsError
+from core.service import Capabilities, LiveHarvester, ReplayHarvester, Unsupported
+from core.settings import HarvesterSettings
+from core.sources.static import StaticSource
+from core.transports.local import LocalTransport
+from core.transports.ssh import SshTransport
+
+
+def built(tmp_path, **data):
+    return build(HarvesterSettings.parse({"db": tmp_path / "h.db", **data}))
+
+
+def test_a_replay_harvester_can_restart_and_change_speed(tmp_path, small_trace, small_jobs):
+    h = built(tmp_path, replay={"trace": small_trace, "jobs": small_jobs, "hours": 1}, speed=90)
+    assert isinstance(h, ReplayHarvester) and h.speed == 90 and h.tick_s == 0.5
+    assert h.capabilities == Capabilities(can_restart=True, can_set_speed=True)
+    with pytest.raises(Unsupported):
+        h.worker_report("j", None, b"{}")
+    with pytest.raises(Unsupported):
+        h.reclaim_node("r00n00")
+    assert not (tmp_path / "h.db").exists(), "building opens nothing; open() does"
+
+
+def test_live_harvesters_get_the_source_and_dispatcher_their_settings_name(tmp_path):
+    sim = built(tmp_path, live={"dispatch": "simulated", "local_nodes": 3})
+    assert isinstance(sim, LiveHarvester) and isinstance(sim.source, StaticSource)
+    assert isinstance(sim.dispatcher, SimulatedDispatcher) and sim.jpa is None and not sim.require_command
+    assert sim.capabilities == Capabilities(operates_nodes=True)
+    with pytest.raises(Unsupported):
+        sim.set_speed(10)
+    with pytest.raises(Unsupported):
+        sim.restart()
+    local = built(tmp_path, tick_s=0.1, live={"dispatch": "local", "local_nodes": 2,
+                                               "report_url": "http://127.0.0.1:1/api/workers"})
+    try:
+        assert isinstance(local.dispatcher, WorkerDispatcher) and isinstance(local.dispatcher.transport, LocalTransport)
+        assert local.require_command and local.jpa is not None and local.tick_s == 0.1
+        assert local.capabilities == Capabilities(runs_workers=True, operates_nodes=True)
+        assert local.dispatcher.report_base == "http://127.0.0.1:1/api/workers"
+        assert local.dispatcher.logdir.name == "h.db.workers"
+        assert local.source.node_names() == list(local.dispatcher.specs)
+    finally:
+        local.dispatcher.close()
+
+
+def test_ssh_workers_come_from_the_inventory(tmp_path):
+    inventory = tmp_path / "nodes.txt"
+    inventory.write_text("n1 alice@10.0.0.1\nn2 alice@10.0.0.2 2\n")
+    h = built(tmp_path, live={"dispatch": "ssh", "inventory": inventory, "ssh_config": tmp_path / "ssh_config"})
+    try:
+        assert isinstance(h.dispatcher.transport, SshTransport)
+        assert h.source.node_names() == ["n1", "n2"] and sorted(h.dispatcher.specs) == ["n1", "n2"]
+    finally:
+        h.dispatcher.close()
+    inventory.write_text("n1 alice@10.0.0.1\nn1 alice@10.0.0.2\n")
+    with pytest.raises(InputError):
+        built(tmp_path, live={"dispatch": "ssh", "inventory": inventory})
+
+
+def test_a_slurm_that_cannot_be_read_is_a_clear_error(tmp_path):
+    with pytest.raises(SettingsError) as e:
+        built(tmp_path, live={"source": "slurm", "slurm": {"conf": str(tmp_path / "no-such-slurm.conf"),
+                                                            "command_timeout_s": 2}})
+    assert e.value.field == "" and e.value.message.startswith("cannot read Slurm")
