@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from core.runtime import protocol as P
-from core.runtime.coordinator import JobCoordinator, ReportBook, ReportServer
+from core.runtime.coordinator import JobCoordinator
+from core.runtime.reports import ReportBook, ReportServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "digits_cnn.py"
