@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from . import protocol as P
 
-__all__ = ["Instant", "Send", "Generation", "Worker", "RegroupMachine"]
+__all__ = ["Instant", "Send", "Generation", "Worker", "Pending", "RegroupState", "RegroupMachine"]
 
 log = logging.getLogger("harvest.coordinator")
 
@@ -135,9 +135,9 @@ class Pending:
     since: Instant
 
 
-class RegroupMachine:
-    """State and rules of one job's membership (see the module docstring). Not thread-safe: the
-    coordinator calls it under its lock. Methods that can emit commands return them, in order."""
+class RegroupState:
+    """The plain state of one job's membership and what can be read from it; `RegroupMachine`
+    changes it. Not thread-safe: the coordinator holds its lock around every call."""
 
     def __init__(self, global_batch: int, total_samples: int, *, ready_timeout_s: float = 300.0,
                  heartbeat_timeout_s: float = 15.0, max_failed_generations: int = 3,
@@ -165,7 +165,82 @@ class RegroupMachine:
         self.error = ""
         self.last_stop: Optional[Instant] = None     # when stop was sent to the current group
         self.closing = False
-        self._out: list[Send] = []
+        self._out: list[Send] = []            # commands decided, not yet handed out
+
+    def ready_nodes(self) -> set[str]:
+        return {n for n, w in self.workers.items() if w.state == W_READY}
+
+    def busy(self) -> bool:
+        """A regroup is in flight (the coordinator then polls faster)."""
+        cur = self.current
+        return (self.pending is not None or self.phase == PH_STOPPING or
+                (cur is not None and self.phase == PH_RUNNING and cur.first_step_at is None))
+
+    def quiet(self) -> bool:
+        """No worker left that could still read a command."""
+        return all(w.state == W_GONE or not w.connected for w in self.workers.values())
+
+    def generations(self) -> list[dict]:
+        return [g.public() for g in self.gens]
+
+    def status(self) -> dict:
+        cur, pend = self.current, self.pending
+        running = self.phase in (PH_RUNNING, PH_STOPPING) and cur is not None
+        prog = self.progress if running and self.progress.get("gen") == (cur.gen if cur else None) else {}
+        return {
+            "phase": self.phase,
+            "generation": cur.gen if cur else 0,
+            "world_size": len(cur.members) if running and cur else 0,
+            "members": list(cur.members) if running and cur else [],
+            "pending": list(pend.nodes) if pend else None,
+            "pending_generation": pend.gen if pend else None,
+            "regrouping": pend is not None or self.phase == PH_STOPPING or
+                          (running and cur is not None and cur.first_step_at is None),
+            "committed_step": self.committed,
+            "total_steps": self.total_steps,
+            "samples_done": P.samples_after(self.committed, self.total_samples, self.global_batch),
+            "total_samples": self.total_samples,
+            "global_batch": self.global_batch,
+            "lost_samples": self.lost_steps * self.global_batch,
+            "step_time_s": prog.get("step_time_s"),
+            "samples_per_second": prog.get("samples_per_second"),
+            "loss": prog.get("loss"),
+            "size_since": self.size_since,
+            "last_rescale": cur.public() if cur else None,
+            "finished": self.phase == PH_FINISHED,
+            "failed": self.phase == PH_FAILED,
+            "error": self.error,
+            "ready": sorted(self.ready_nodes()),
+            "lost": sorted(n for n, w in self.workers.items() if w.lost),
+            "workers": {n: w.state for n, w in self.workers.items()},
+        }
+
+    def heartbeat_keys(self) -> list[tuple[str, int]]:
+        """(node, incarnation) of every worker whose heartbeat is watched."""
+        return [(w.node, w.inc) for w in self.workers.values() if w.connected and w.state != W_GONE]
+
+    def _gen(self, number: Any) -> Optional[Generation]:
+        for g in reversed(self.gens):
+            if g.gen == number:
+                return g
+        return None
+
+    def _target_nodes(self) -> list[str]:
+        if self.pending is not None:
+            return list(self.pending.nodes)
+        if self.current is not None and self.phase in (PH_RUNNING, PH_STOPPING):
+            return list(self.current.members)
+        return []
+
+    def _left(self, g: Generation, node: str) -> bool:
+        """The worker that was `node`'s member of `g` is gone (or was replaced)."""
+        w = self.workers.get(node)
+        return w is None or w.inc != g.incarnations.get(node) or w.state == W_GONE
+
+
+class RegroupMachine(RegroupState):
+    """The rules (see the module docstring): messages in, `Send` commands out. Methods that can
+    emit commands return them, in the order they must be written."""
 
     # ------------------------------------------------------------------ messages from the dispatcher
     def worker_started(self, node: str, now: Instant) -> tuple[int, list[Send]]:
@@ -235,10 +310,6 @@ class RegroupMachine:
             handler(w, msg, now)
         return self._take()
 
-    def heartbeat_keys(self) -> list[tuple[str, int]]:
-        """(node, incarnation) of every worker whose heartbeat is watched."""
-        return [(w.node, w.inc) for w in self.workers.values() if w.connected and w.state != W_GONE]
-
     def heartbeats(self, values: dict[tuple[str, int], Optional[bytes]], now: Instant) -> list[Send]:
         """Heartbeat values read at `now`: a worker whose value has not changed for
         heartbeat_timeout_s is lost."""
@@ -286,55 +357,6 @@ class RegroupMachine:
             self._start_next(now)
         self._send_exits(all_workers=False)
         return self._take()
-
-    # ------------------------------------------------------------------ queries
-    def ready_nodes(self) -> set[str]:
-        return {n for n, w in self.workers.items() if w.state == W_READY}
-
-    def busy(self) -> bool:
-        """A regroup is in flight (the coordinator then polls faster)."""
-        cur = self.current
-        return (self.pending is not None or self.phase == PH_STOPPING or
-                (cur is not None and self.phase == PH_RUNNING and cur.first_step_at is None))
-
-    def quiet(self) -> bool:
-        """No worker left that could still read a command."""
-        return all(w.state == W_GONE or not w.connected for w in self.workers.values())
-
-    def generations(self) -> list[dict]:
-        return [g.public() for g in self.gens]
-
-    def status(self) -> dict:
-        cur, pend = self.current, self.pending
-        running = self.phase in (PH_RUNNING, PH_STOPPING) and cur is not None
-        prog = self.progress if running and self.progress.get("gen") == (cur.gen if cur else None) else {}
-        return {
-            "phase": self.phase,
-            "generation": cur.gen if cur else 0,
-            "world_size": len(cur.members) if running and cur else 0,
-            "members": list(cur.members) if running and cur else [],
-            "pending": list(pend.nodes) if pend else None,
-            "pending_generation": pend.gen if pend else None,
-            "regrouping": pend is not None or self.phase == PH_STOPPING or
-                          (running and cur is not None and cur.first_step_at is None),
-            "committed_step": self.committed,
-            "total_steps": self.total_steps,
-            "samples_done": P.samples_after(self.committed, self.total_samples, self.global_batch),
-            "total_samples": self.total_samples,
-            "global_batch": self.global_batch,
-            "lost_samples": self.lost_steps * self.global_batch,
-            "step_time_s": prog.get("step_time_s"),
-            "samples_per_second": prog.get("samples_per_second"),
-            "loss": prog.get("loss"),
-            "size_since": self.size_since,
-            "last_rescale": cur.public() if cur else None,
-            "finished": self.phase == PH_FINISHED,
-            "failed": self.phase == PH_FAILED,
-            "error": self.error,
-            "ready": sorted(self.ready_nodes()),
-            "lost": sorted(n for n, w in self.workers.items() if w.lost),
-            "workers": {n: w.state for n, w in self.workers.items()},
-        }
 
     # ------------------------------------------------------------------ worker events
     def _on_hello(self, w: Worker, msg: dict, now: Instant) -> None:
@@ -400,19 +422,6 @@ class RegroupMachine:
     def _send(self, w: Worker, msg: dict, best_effort: bool = False) -> None:
         self._out.append(Send(w.node, w.inc, msg, best_effort))
 
-    def _gen(self, number: Any) -> Optional[Generation]:
-        for g in reversed(self.gens):
-            if g.gen == number:
-                return g
-        return None
-
-    def _target_nodes(self) -> list[str]:
-        if self.pending is not None:
-            return list(self.pending.nodes)
-        if self.current is not None and self.phase in (PH_RUNNING, PH_STOPPING):
-            return list(self.current.members)
-        return []
-
     def _set_pending(self, nodes: list[str], reason: str, since: Instant) -> None:
         """`since`: when the need arose."""
         if self.pending is None:
@@ -437,11 +446,6 @@ class RegroupMachine:
             if self.pending is None:
                 self._set_pending([n for n in cur.members if n != w.node and
                                    not self._left(cur, n)], "node_lost", now)
-
-    def _left(self, g: Generation, node: str) -> bool:
-        """The worker that was `node`'s member of `g` is gone (or was replaced)."""
-        w = self.workers.get(node)
-        return w is None or w.inc != g.incarnations.get(node) or w.state == W_GONE
 
     def _set_committed(self, step: int) -> None:
         if step < self.committed:
