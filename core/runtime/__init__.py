@@ -1,6 +1,8 @@
 """Elastic data-parallel runtime: workers stay alive, only the process group is rebuilt.
 
-- `core.runtime.elastic`: worker side, imported by training scripts (`elastic.init()`).
+- `core.runtime.elastic`: worker side, imported by training scripts (`elastic.init()`), with
+  `checkpoint` (checkpoint files), `background` (store connections, watch / heartbeat / report
+  threads), `group` (state sync, DDP wrapper) and `sampling` (which samples each rank takes).
 - `core.runtime.coordinator`: controller side (`JobCoordinator`, one per running job): serves the
   job's TCPStore and executes what `core.runtime.regroup` (the membership rules, no I/O) decides.
 - `core.runtime.reports`: `ReportBook` / `ReportServer` for the workers' HTTP progress reports.

@@ -40,7 +40,8 @@ class Progress:
         self.metrics: dict[str, float] = {}
         self.seq = 0
 
-    def record(self, samples: Optional[int], loss: Optional[float], metrics: dict[str, float]) -> None:
+    def record(self, samples: Optional[int], loss: Optional[float],
+               metrics: dict[str, float]) -> None:
         if samples is not None:
             self.metrics["rank_samples"] = float(samples)
         if loss is not None:

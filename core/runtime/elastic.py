@@ -44,7 +44,8 @@ Progress (step, samples, step time, loss) reaches the coordinator through the st
 `HARVEST_REPORT_URL` is set, rank 0 POSTs it there as JSON with `Authorization: Bearer <token>`.
 
 Inside: this module is the API and the generation loop; checkpoint files are `checkpoint`'s, the
-store connections and helper threads `background`'s, state sync and the DDP wrapper `group`'s.
+store connections and helper threads `background`'s, state sync and the DDP wrapper `group`'s,
+the sample order `sampling`'s.
 """
 from __future__ import annotations
 
@@ -57,7 +58,6 @@ import queue
 import signal
 import socket
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
@@ -92,6 +92,7 @@ def init(global_batch: Optional[int] = None, total_samples: Optional[int] = None
                       handle_sigterm=handle_sigterm)
 
 
+# ~330 lines: the user API and the generation loop (join, vote, step, stop, leave) share its state
 class ElasticJob:
     """Handle of one worker's part in an elastic job (see the module docstring)."""
 
@@ -105,7 +106,8 @@ class ElasticJob:
         self.seed = int(seed)
         self._order = EpochOrder(self.seed)
         checkpoint_dir = checkpoint_dir or env.get(P.ENV_CHECKPOINT_DIR) or None
-        self._ckpt = Checkpoints(Path(checkpoint_dir) if checkpoint_dir else None, checkpoint_every_s)
+        self._ckpt = Checkpoints(Path(checkpoint_dir) if checkpoint_dir else None,
+                                 checkpoint_every_s)
         self.job_id = env.get(P.ENV_JOB, "standalone")
         self.node = env.get(P.ENV_NODE, socket.gethostname())
         self.incarnation = int(env.get(P.ENV_INCARNATION, "0"))

@@ -285,6 +285,7 @@ class RegroupMachine(RegroupState):
             self._set_pending([n for n in target if n != node], "dismiss", now)
 
     def node_lost(self, node: str, incarnation: Optional[int], now: Instant) -> list[Send]:
+        """The worker died or cannot be reached: its generation (if any) fails and regroups."""
         w = self.workers.get(node)
         if w is None or w.state == W_GONE or incarnation not in (None, w.inc):
             return []
