@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..model import Event, EventKind, Job, PauseSample, RateSample
-from ..runtime.coordinator import JobCoordinator, ReportBook
+from ..runtime.coordinator import JobCoordinator
+from ..runtime.reports import ReportBook
 from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
 from .base import Dispatcher
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from core.runtime import protocol as P
-from core.runtime.coordinator import JobCoordinator, ReportBook, ReportServer
+from core.runtime.coordinator import JobCoordinator
+from core.runtime.reports import ReportBook, ReportServer
+from tests.waiting import wait
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "digits_cnn.py"
@@ -57,14 +59,10 @@ class Cluster:
         self.procs[node] = p
         return p
 
-    def wait(self, pred, what: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                logs = {n: (self.tmp / f"{n}.log").read_text()[-1500:] for n in self.procs}
-                pytest.fail(f"timed out waiting for {what}\nstatus={self.coord.status()}\n"
-                            f"generations={self.coord.generations()}\nlogs={logs}")
-            time.sleep(0.01)
+    def diag(self) -> str:
+        logs = {n: (self.tmp / f"{n}.log").read_text()[-1500:] for n in self.procs}
+        return (f"\nstatus={self.coord.status()}\ngenerations={self.coord.generations()}\n"
+                f"logs={logs}")
 
     def step(self) -> int:
         return self.coord.status()["committed_step"]
@@ -109,52 +107,52 @@ def test_grow_shrink_kill_leave_restore(job) -> None:
     coord = c.coord
     for node in "ABCDE":                     # E waits warm until every other node is gone
         c.start(node)
-    c.wait(lambda: {"A", "B"} <= coord.ready(), "A and B ready", 30)
+    wait(lambda: {"A", "B"} <= coord.ready(), 30, "A and B ready", c.diag, 0.01)
     assert coord.regroup(["A", "B"]) == 1
-    c.wait(lambda: c.step() >= 80, "80 steps on 2 nodes")
-    c.wait(lambda: {"C", "D", "E"} <= coord.ready(), "C, D, E warm", 30)
+    wait(lambda: c.step() >= 80, 20, "80 steps on 2 nodes", c.diag, 0.01)
+    wait(lambda: {"C", "D", "E"} <= coord.ready(), 30, "C, D, E warm", c.diag, 0.01)
 
     assert coord.regroup(["A", "B", "C"]) == 2                    # grow
-    c.wait(c.first_step_of(2), "first step on 3 nodes")
+    wait(c.first_step_of(2), 20, "first step on 3 nodes", c.diag, 0.01)
     busy = coord.status()
     assert busy["world_size"] == 3 and busy["members"] == ["A", "B", "C"]
-    c.wait(lambda: c.step() >= 200, "200 steps")
+    wait(lambda: c.step() >= 200, 20, "200 steps", c.diag, 0.01)
     running = coord.status()
     assert running["samples_per_second"] and running["step_time_s"] and running["loss"] is not None
 
     assert coord.regroup(["A"]) == 3                              # shrink
     coord.dismiss("C")                                            # C leaves for good, cleanly
-    c.wait(c.first_step_of(3), "first step on 1 node")
+    wait(c.first_step_of(3), 20, "first step on 1 node", c.diag, 0.01)
     assert c.procs["C"].wait(10) == 0
-    c.wait(lambda: c.step() >= 300, "300 steps")
+    wait(lambda: c.step() >= 300, 20, "300 steps", c.diag, 0.01)
 
     assert coord.regroup(["A", "B", "D"]) == 4                    # grow again
-    c.wait(c.first_step_of(4), "first step on 3 nodes")
-    c.wait(lambda: c.step() >= 420, "420 steps")
+    wait(c.first_step_of(4), 20, "first step on 3 nodes", c.diag, 0.01)
+    wait(lambda: c.step() >= 420, 20, "420 steps", c.diag, 0.01)
 
     c.procs["D"].send_signal(signal.SIGKILL)                      # a node dies mid-training
     coord.node_lost("D")
-    c.wait(c.first_step_of(5), "first step after losing D")
+    wait(c.first_step_of(5), 20, "first step after losing D", c.diag, 0.01)
     assert coord.status()["members"] == ["A", "B"]
     assert c.procs["D"].wait(5) == -signal.SIGKILL
-    c.wait(lambda: c.step() >= 520, "520 steps")
+    wait(lambda: c.step() >= 520, 20, "520 steps", c.diag, 0.01)
 
     c.procs["B"].send_signal(signal.SIGTERM)                      # preempted: leaves at a step boundary
     assert c.procs["B"].wait(10) == 0
-    c.wait(c.first_step_of(6), "first step after B left")
+    wait(c.first_step_of(6), 20, "first step after B left", c.diag, 0.01)
     assert coord.status()["members"] == ["A"]
-    c.wait(lambda: c.step() >= 620, "620 steps")
+    wait(lambda: c.step() >= 620, 20, "620 steps", c.diag, 0.01)
 
     c.procs["A"].send_signal(signal.SIGTERM)                      # the last node is preempted
     assert c.procs["A"].wait(10) == 0
-    c.wait(lambda: coord.status()["phase"] == "idle", "job paused at 0 nodes")
+    wait(lambda: coord.status()["phase"] == "idle", 20, "job paused at 0 nodes", c.diag, 0.01)
     paused = coord.status()
     assert paused["world_size"] == 0 and paused["ready"] == ["E"]
     left_at = paused["committed_step"]
     assert 620 <= left_at < STEPS
 
     assert coord.regroup(["E"]) == 7                              # restores A's last checkpoint
-    c.wait(lambda: coord.status()["finished"], "job finished", 40)
+    wait(lambda: coord.status()["finished"], 40, "job finished", c.diag, 0.01)
     assert c.procs["E"].wait(10) == 0
 
     # exact accounting: nothing lost (A checkpointed when it left), nothing counted twice
