@@ -59,8 +59,11 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
     """What runs the jobs. Worker logs and checkpoints go beside the store (`DB.workers/`)."""
     if live.dispatcher == "simulated" or (live.source == "slurm" and hub is None):
         return SimulatedDispatcher()          # a Slurm dry run never offers a node
+    w = live.workers
     return WorkerDispatcher(transport_for(live.dispatcher, live.ssh_config, hub), nodes,
-                            Path(str(db) + ".workers"), report_base=live.report_url, workdir=live.workdir)
+                            Path(str(db) + ".workers"), report_base=live.report_url, workdir=live.workdir,
+                            stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
+                            max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s)
 
 
 def transport_for(kind: str, ssh_config: Optional[Path] = None, hub=None) -> Transport:

@@ -20,7 +20,7 @@ from .slurm.settings import SlurmSettings, split_list
 #: the choices and defaults front ends offer, from where they are defined
 __all__ = ["CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE_ORDERS", "SPEED_MAX",
            "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
-           "SettingsError", "SlurmSettings", "check_speed", "split_list"]
+           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "split_list"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 Dispatch = Literal["simulated", "local", "ssh", "pilot"]
@@ -41,6 +41,30 @@ class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
 
+class WorkerSettings(_Settings):
+    """How real workers are handled: the grace they get, when a lost node is offered again, when
+    a job with crashing workers fails, and how long a throughput sample for the profiler is."""
+    stop_grace_s: float = 5.0        # a dismissed or stopped worker: SIGTERM, SIGKILL after this
+    vacate_grace_s: float = 1.0      # a worker on a node the owner took back
+    rejoin_after_s: float = 5.0      # a node whose worker was lost is offered again after this
+    max_crashes: int = 3             # lost workers after which the job fails
+    sample_s: float = 5.0            # seconds of one generation per throughput sample
+
+    @field_validator("stop_grace_s", "vacate_grace_s", "rejoin_after_s", "sample_s")
+    @classmethod
+    def _seconds(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0 <= v <= 3600):
+            raise SettingsError("", "must be a number of seconds from 0 to 3600")
+        return v
+
+    @field_validator("max_crashes")
+    @classmethod
+    def _crashes(cls, v: int) -> int:
+        if v < 1:
+            raise SettingsError("", "must be at least 1")
+        return v
+
+
 class LiveSettings(_Settings):
     """Live mode: where idle nodes come from and what runs the jobs, in wall time."""
     source: Literal["static", "slurm"] = "static"
@@ -53,6 +77,7 @@ class LiveSettings(_Settings):
     profiler: bool = True                        # learn curves on real workers (else take them as given)
     profile_sizes: int = 3                       # sizes a new job is measured at whatever it costs
     config: ControllerConfig = ControllerConfig()
+    workers: WorkerSettings = WorkerSettings()
     slurm: SlurmSettings = SlurmSettings()
 
     @field_validator("local_nodes")

@@ -15,6 +15,7 @@ from core.dispatchers.simulated import SimulatedDispatcher
 from core.errors import InputError
 from core.jobsets import load_jobset
 from core.model import Curve, Event, EventKind, Job, JobState
+from core.restore import restore
 from core.replay import TIMING_KEYS, Replay, ReplaySettings
 from core.sources.trace import TraceSource, select_nodes
 from core.store import Store
@@ -254,7 +255,7 @@ def test_store_is_wal_and_restores_the_controller(tmp_path):
 
     store2 = Store(db)
     clock2 = SimClock(T0 + 500)
-    ctl2 = Controller.restore(store2, SimulatedDispatcher(), clock2, node_names=nodes)
+    ctl2 = restore(store2, SimulatedDispatcher(), clock2, node_names=nodes)
     assert ctl2.config == ctl.config
     assert list(ctl2.running) == list(ctl.running)
     assert ctl2.held == ctl.held and ctl2.owner == ctl.owner and set(ctl2.idle) == set(ctl.idle)

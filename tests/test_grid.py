@@ -145,13 +145,12 @@ def test_a_browser_key_leads_to_a_patch_not_a_whole_figure(tmp_path, small_trace
     from dash import Patch
 
     from app import context
-    from core.controller import ControllerConfig
-    from core.replay import ReplaySettings
-    from core.service import Harvester
+    from core.assemble import build
+    from core.settings import HarvesterSettings
     dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
     from app.pages.cluster import grid_update
-    h = Harvester(tmp_path / "g.db", ReplaySettings(trace=small_trace, jobs=small_jobs, hours=10,
-                                                    config=ControllerConfig(tfwd=600)), speed=3600, tick_s=0.05)
+    h = build(HarvesterSettings.parse({"db": tmp_path / "g.db", "speed": 3600, "tick_s": 0.05, "replay": {
+        "trace": small_trace, "jobs": small_jobs, "hours": 10, "config": {"tfwd": 600}}}))
     h.open()
     context.harvester = h
     try:

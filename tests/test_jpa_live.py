@@ -8,14 +8,9 @@ import time
 
 import pytest
 
-from core.controller import ControllerConfig
-from core.dispatchers.workers import WorkerDispatcher
-from core.inventory import local_nodes
-from core.jpa import JPAConfig
+from core.assemble import build
 from core.schemas import JobSpec
-from core.service import LiveHarvester
-from core.sources.static import StaticSource
-from core.transports.local import LocalTransport
+from core.settings import HarvesterSettings
 from tests.conftest import ROOT
 from tests.test_workers import leftovers
 from tests.waiting import wait
@@ -25,16 +20,15 @@ COMMAND = [sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "
            "--step-seconds", "0.02"]
 
 
-def harvester(tmp_path, jpa):
-    specs = local_nodes(4)
-    source = StaticSource([s.name for s in specs])
-    dispatcher = WorkerDispatcher(LocalTransport(), specs, tmp_path / "workers", sample_s=3.0)
-    return LiveHarvester(tmp_path / "live.db", source, dispatcher, ControllerConfig(), tick_s=0.1,
-                         require_command=True, jpa=jpa)
+def harvester(tmp_path, profile_sizes=None):
+    """Local workers on 4 nodes; the profiler measures `profile_sizes` sizes first (None: off)."""
+    return build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
+        "dispatch": "local", "local_nodes": 4, "profiler": profile_sizes is not None,
+        "profile_sizes": profile_sizes or 0, "workers": {"sample_s": 3.0}}}))
 
 
 def test_a_job_without_a_curve_is_measured_at_three_sizes_within_five_minutes(tmp_path):
-    h = harvester(tmp_path, JPAConfig.live(3))
+    h = harvester(tmp_path, 3)
     h.open()
     try:
         spec = JobSpec(name="digits-nocurve", min_nodes=1, max_nodes=4, total_samples=GLOBAL_BATCH * 200_000,

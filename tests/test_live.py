@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from core.controller import ControllerConfig
-from core.dispatchers.simulated import SimulatedDispatcher
+from core.assemble import build
 from core.schemas import JobSpec
-from core.service import LiveHarvester
+from core.service import Unsupported
+from core.settings import HarvesterSettings
 from core.snapshot import BUSY, HELD
 from core.sources.static import StaticSource
 from tests.test_runner import wait_for
@@ -20,9 +20,16 @@ SPEC = JobSpec(name="mlp", min_nodes=1, max_nodes=6, total_samples=1e12, curve="
                scale_up_seconds=0, scale_down_seconds=0)
 
 
-def harvester(db, fresh=False, source=None):
-    h = LiveHarvester(db, source or StaticSource(NODES), SimulatedDispatcher(), ControllerConfig(tfwd=60),
-                      tick_s=0.05, fresh=fresh)
+def harvester(db, fresh=False, taken=()):
+    """Simulated workers on the static nodes NODES; `taken`: nodes their owner took back while
+    the harvester was down."""
+    inventory = db.parent / "nodes.txt"
+    inventory.write_text("".join(n + "\n" for n in NODES))
+    h = build(HarvesterSettings.parse({"db": db, "fresh": fresh, "tick_s": 0.05, "live": {
+        "dispatch": "simulated", "inventory": inventory, "config": {"tfwd": 60}}}))
+    for n in taken:
+        h.source.reclaim(n, time.time())
+    h.source.poll(time.time())
     h.open()
     return h
 
@@ -35,7 +42,7 @@ def holds(h, job_id):
 def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
     h = harvester(tmp_path / "live.db")
     try:
-        assert h.mode == "live" and len(h.snapshot.nodes) == 6
+        assert not h.capabilities.can_set_speed and h.capabilities.operates_nodes and len(h.snapshot.nodes) == 6
         job = h.submit(SPEC, "alice")
         wait_for(lambda: holds(h, job.id) == 6, 5)
         t0 = time.monotonic()
@@ -53,7 +60,7 @@ def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
         h.resume()
         wait_for(lambda: holds(h, job.id) == 6, 5)
         assert h.snapshot.state[i] == HELD
-        with pytest.raises(ValueError):
+        with pytest.raises(Unsupported):
             h.set_speed(10)
         with pytest.raises(RuntimeError):
             h.restart()
@@ -68,10 +75,7 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
     wait_for(lambda: holds(h, job.id) == 6, 5)
     time.sleep(0.5)
     h.close()
-    source = StaticSource(NODES)
-    source.reclaim("lab0", time.time())        # while we were down, lab0 was taken back
-    source.poll(time.time())
-    again = harvester(db, source=source)
+    again = harvester(db, taken=["lab0"])        # while we were down, lab0 was taken back
     try:
         assert again.job(job.id).owner == "bob"
         wait_for(lambda: holds(again, job.id) == 5, 5)

@@ -7,7 +7,7 @@ import pytest
 
 from core.controller import ControllerConfig
 from core.replay import TIMING_KEYS, Replay, ReplaySettings
-from core.runner import ReplayRunner
+from core.runners import ReplayRunner
 from core.snapshot import BUSY, HELD, IDLE
 
 

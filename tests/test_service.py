@@ -13,7 +13,8 @@ from core.explain import why
 from core.model import Curve, Job, JobState
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
-from core.service import Harvester
+from core.assemble import build
+from core.settings import HarvesterSettings
 from tests.test_runner import wait_for
 
 SPEC = JobSpec(name="probe", min_nodes=1, max_nodes=4, total_samples=1e9, curve="1:100, 4:390")
@@ -21,6 +22,10 @@ SPEC = JobSpec(name="probe", min_nodes=1, max_nodes=4, total_samples=1e9, curve=
 
 def settings(trace, jobs, **kw):
     return ReplaySettings(trace=trace, jobs=jobs, hours=10, config=ControllerConfig(tfwd=600), **kw)
+
+
+def replay_harvester(db, replay, **kw):
+    return build(HarvesterSettings.parse({"db": db, "replay": replay, **kw}))
 
 
 def stored(db, sql, args=()):
@@ -33,7 +38,7 @@ def stored(db, sql, args=()):
 
 @pytest.fixture
 def harvester(tmp_path, small_trace, small_jobs):
-    h = Harvester(tmp_path / "h.db", settings(small_trace, small_jobs), speed=60, tick_s=0.05)
+    h = replay_harvester(tmp_path / "h.db", settings(small_trace, small_jobs), speed=60, tick_s=0.05)
     h.open()
     yield h
     h.close()
@@ -63,14 +68,14 @@ def test_cancel_while_paused_takes_effect_at_once_and_durably(harvester):
 
 def test_reopening_a_store_resumes_its_own_settings(tmp_path, small_trace, small_jobs):
     db = tmp_path / "h.db"
-    h = Harvester(db, settings(small_trace, small_jobs, nodes=6), speed=600, tick_s=0.05)
+    h = replay_harvester(db, settings(small_trace, small_jobs, nodes=6), speed=600, tick_s=0.05)
     h.open()
     wait_for(lambda: h.snapshot.time > h.replay.start + 1200)
     job = h.submit(SPEC, "bob")
     h.close()
     (saved,), = stored(db, "select value from meta where key = 'replay_cursor'")
     # different command-line settings: the stored run wins, and continues from its cursor
-    again = Harvester(db, settings(small_trace, small_jobs, nodes=8), speed=60, tick_s=0.05)
+    again = replay_harvester(db, settings(small_trace, small_jobs, nodes=8), speed=60, tick_s=0.05)
     again.open()
     try:
         assert again.settings.nodes == 6 and len(again.snapshot.nodes) == 6
@@ -79,7 +84,7 @@ def test_reopening_a_store_resumes_its_own_settings(tmp_path, small_trace, small
         assert again.job(job.id) is not None and again.job(job.id).owner == "bob"
     finally:
         again.close()
-    fresh = Harvester(db, settings(small_trace, small_jobs, nodes=8), fresh=True, tick_s=0.05)
+    fresh = replay_harvester(db, settings(small_trace, small_jobs, nodes=8), fresh=True, tick_s=0.05)
     fresh.open()
     try:
         assert len(fresh.snapshot.nodes) == 8 and fresh.job(job.id) is None

@@ -18,14 +18,14 @@ import time
 import pytest
 
 from app.web import source_badge
-from core.controller import ControllerConfig
-from core.dispatchers.simulated import SimulatedDispatcher
+from core.assemble import build
 from core.schemas import JobSpec
-from core.service import LiveHarvester
+from core.service import Harvester
+from core.settings import HarvesterSettings
 from core.snapshot import HELD
 from core.slurm.hub import PilotHub
 from core.slurm.wire import HELLO, Wire
-from core.slurm.source import SlurmSource, resolve_watch
+from core.slurm.source import resolve_watch
 from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.conftest import run_module
@@ -133,9 +133,10 @@ def _acceptance(app, cluster):
 
 
 # ---- the source in process ---------------------------------------------------------------------
-def harvester(tmp_path, cluster, **settings) -> LiveHarvester:
-    source = SlurmSource(SlurmSettings(conf=str(cluster.conf), **settings))
-    h = LiveHarvester(tmp_path / "h.db", source, SimulatedDispatcher(), ControllerConfig(tfwd=600), tick_s=0.2)
+def harvester(tmp_path, cluster, **settings) -> Harvester:
+    h = build(HarvesterSettings.parse({"db": tmp_path / "h.db", "tick_s": 0.2, "live": {
+        "source": "slurm", "dispatch": "simulated", "config": {"tfwd": 600},
+        "slurm": {"conf": str(cluster.conf), **settings}}}))
     h.open()
     return h
 

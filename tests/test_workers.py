@@ -10,13 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from core.controller import ControllerConfig
-from core.dispatchers.workers import WorkerDispatcher
-from core.inventory import local_nodes
+from core.assemble import build
 from core.schemas import JobSpec
-from core.service import LiveHarvester
-from core.sources.static import StaticSource
-from core.transports.local import LocalTransport
+from core.settings import HarvesterSettings
 from tests.conftest import ROOT
 from tests.waiting import wait
 
@@ -43,15 +39,13 @@ def leftovers(job_id: str) -> list[int]:
 
 @pytest.fixture
 def live(tmp_path):
-    specs = local_nodes(4)
-    names = [s.name for s in specs]
-    source = StaticSource(names)
-    dispatcher = WorkerDispatcher(LocalTransport(), specs, tmp_path / "workers", rejoin_after_s=2.0)
-    h = LiveHarvester(tmp_path / "live.db", source, dispatcher, ControllerConfig(tfwd=60), tick_s=0.1,
-                      require_command=True)
+    h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
+        "dispatch": "local", "local_nodes": 4, "profiler": False, "config": {"tfwd": 60},
+        "workers": {"rejoin_after_s": 2.0}}}))
+    names = h.source.node_names()
     for n in names[2:]:
-        source.reclaim(n, time.time())
-    source.poll(time.time())
+        h.source.reclaim(n, time.time())
+    h.source.poll(time.time())
     h.open()
     yield h, names
     h.close()
