@@ -48,6 +48,8 @@ class LiveNodeSource(ABC):
     """A source that runs in wall time: the live loop polls it for what changed since last time."""
 
     name: str = ""
+    #: staff play the node owner by hand (`reclaim`, `release`): a static list, not a scheduler
+    operated_by_hand: bool = False
 
     @abstractmethod
     def node_names(self) -> list[str]:
