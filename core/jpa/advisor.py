@@ -78,6 +78,7 @@ class JPA:
         return self._beliefs.cap(self._profiles[job_id])
 
     def belief(self, job_id: str) -> Belief:
+        """The job's curve up to its cap, and its rescale costs, as the allocator sees them."""
         return self._beliefs.belief(self._profiles[job_id])
 
     # ---- probes ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ cap, probes and learned costs, and one word for how much of its curve rests on m
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping
 
 import numpy as np
 
