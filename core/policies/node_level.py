@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Sequence
 
 import numpy as np
+import pulp  # at import time, unlike milp.py: the controller never loads this module
 
-from ..objective import Problem, objective_value, tables_for
+from ..objective import JobRequest, Problem, objective_value, tables_for
 from .milp import prune
 
 NODE_LEVEL_SOLVERS = ("cbc", "highs")
+
+Choices = list[list[tuple[int, pulp.LpVariable]]]     # per job: (size s, y[j,s])
 
 
 def node_level_solve(problem: Problem, solver: str = "cbc", time_limit: float = 60.0) -> dict:
@@ -37,8 +41,6 @@ def node_level_solve(problem: Problem, solver: str = "cbc", time_limit: float = 
     Returns {"status": "optimal" | "time_limit" | "no_incumbent", "objective": float | None,
     "assignment": {job: [nodes]}, "sizes": {job: n}, "build_ms", "solve_ms"}.
     """
-    import pulp
-
     t0 = time.perf_counter()
     jobs, nodes = problem.jobs, list(problem.nodes)
     tables = tables_for(problem)
@@ -47,44 +49,70 @@ def node_level_solve(problem: Problem, solver: str = "cbc", time_limit: float = 
         return {"status": "optimal", "objective": objective_value(tables, sizes),
                 "assignment": {j.id: [] for j in jobs}, "sizes": {j.id: 0 for j in jobs},
                 "build_ms": (time.perf_counter() - t0) * 1000.0, "solve_ms": 0.0}
+    model, x, choices = _build(jobs, nodes, tables)
+    t1 = time.perf_counter()
+    engine = _engine(solver, time_limit)
+    model.solve(engine)
+    t2 = time.perf_counter()
+    result = {"status": "no_incumbent", "objective": None, "assignment": {}, "sizes": {},
+              "build_ms": (t1 - t0) * 1000.0, "solve_ms": (t2 - t1) * 1000.0}
+    return _read_solution(model, x, choices, jobs, nodes, tables, result)
 
+
+def _build(jobs: Sequence[JobRequest], nodes: list[str],
+           tables: Sequence[np.ndarray]) -> tuple[pulp.LpProblem, list[list[pulp.LpVariable]], Choices]:
+    """The model: x[j,i] for every job and node, each job's size choice, one job per node, and
+    the objective."""
     model = pulp.LpProblem("bftrainer_node_level", pulp.LpMaximize)
     x = [[model.add_variable(f"x_{j}_{i}", cat=pulp.LpBinary) for i in range(len(nodes))]
          for j in range(len(jobs))]
     index = {n: i for i, n in enumerate(nodes)}
     objective = []
-    choices: list[list[tuple[int, pulp.LpVariable]]] = []
+    choices: Choices = []
     for j, (job, table) in enumerate(zip(jobs, tables)):
         t = prune(table)
-        opts = [(s, model.add_variable(f"y_{j}_{s}", cat=pulp.LpBinary))
-                for s in np.flatnonzero(np.isfinite(t)).tolist()]
+        opts = _add_job(model, j, x[j], t, {index[n] for n in job.current_nodes})
         choices.append(opts)
         objective += [(y, float(t[s])) for s, y in opts]
-        model += pulp.LpAffineExpression([(y, 1) for _, y in opts]) == 1, f"one_size_{j}"
-        model += (pulp.LpAffineExpression([(v, 1) for v in x[j]] + [(y, -s) for s, y in opts if s])
-                  == 0), f"size_{j}"
-        g = model.add_variable(f"g_{j}", cat=pulp.LpBinary)
-        held = {index[n] for n in job.current_nodes}
-        for i in range(len(nodes)):
-            if i in held:
-                model += x[j][i] - g >= 0, f"keep_{j}_{i}"
-            else:
-                model += x[j][i] - g <= 0, f"gain_{j}_{i}"
     for i in range(len(nodes)):
         model += pulp.LpAffineExpression([(x[j][i], 1) for j in range(len(jobs))]) <= 1, f"node_{i}"
     model += pulp.LpAffineExpression(objective)
-    t1 = time.perf_counter()
+    return model, x, choices
 
+
+def _add_job(model: pulp.LpProblem, j: int, xj: list[pulp.LpVariable], table: np.ndarray,
+             held: set[int]) -> list[tuple[int, pulp.LpVariable]]:
+    """Job j's rows: y[j,s] for each size its pruned `table` offers (exactly one chosen), its
+    node count equal to that size, and g[j] so that it never both gains and loses nodes
+    (`held`: the indices of the nodes it holds)."""
+    opts = [(s, model.add_variable(f"y_{j}_{s}", cat=pulp.LpBinary))
+            for s in np.flatnonzero(np.isfinite(table)).tolist()]
+    model += pulp.LpAffineExpression([(y, 1) for _, y in opts]) == 1, f"one_size_{j}"
+    model += (pulp.LpAffineExpression([(v, 1) for v in xj] + [(y, -s) for s, y in opts if s])
+              == 0), f"size_{j}"
+    g = model.add_variable(f"g_{j}", cat=pulp.LpBinary)
+    for i in range(len(xj)):
+        if i in held:
+            model += xj[i] - g >= 0, f"keep_{j}_{i}"
+        else:
+            model += xj[i] - g <= 0, f"gain_{j}_{i}"
+    return opts
+
+
+def _engine(solver: str, time_limit: float) -> pulp.LpSolver:
+    """The PuLP solver to run, proving optimality (no gap) within `time_limit` seconds."""
     if solver == "cbc":
-        engine = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0)
-    elif solver == "highs":
-        engine = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=0.0)
-    else:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(NODE_LEVEL_SOLVERS)}")
-    model.solve(engine)
-    t2 = time.perf_counter()
-    result = {"status": "no_incumbent", "objective": None, "assignment": {}, "sizes": {},
-              "build_ms": (t1 - t0) * 1000.0, "solve_ms": (t2 - t1) * 1000.0}
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0)
+    if solver == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=0.0)
+    raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(NODE_LEVEL_SOLVERS)}")
+
+
+def _read_solution(model: pulp.LpProblem, x: list[list[pulp.LpVariable]], choices: Choices,
+                   jobs: Sequence[JobRequest], nodes: list[str], tables: Sequence[np.ndarray],
+                   result: dict) -> dict:
+    """`result` filled in from the solved model; left at no_incumbent when the solver found no
+    solution or one that does not read as one size and that many nodes per job."""
     # PuLP says "Optimal" for a time-limited incumbent too; sol_status tells them apart
     if model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return result
