@@ -41,7 +41,7 @@ def mixed(jobs: Sequence[Job], fraction: float = 0.3, seed: int = 0) -> list[Job
     A replaced job keeps its id, model name, submit time, bounds, total samples, rescale costs
     and 1-node throughput: nothing but its speed at two or more nodes tells it apart."""
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"--poor-fraction must be within [0, 1], not {fraction}")
+        raise ValueError(f"fraction: must be within [0, 1], not {fraction}")
     rng = random.Random(seed)
     k = round(fraction * len(jobs))
     chosen = set(rng.sample(range(len(jobs)), k))

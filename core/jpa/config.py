@@ -34,8 +34,6 @@ class JPAConfig:
         """On real workers: samples are 5 s of steps (noisier than the replay's 30 s windows),
         rescale costs are measured (a regroup takes ~0.1 s, so probes are cheap), and each new
         job is measured at `sizes` sizes early on, for its curve."""
-        if sizes < 0:
-            raise ValueError("--profile-sizes must be 0 or more")
         return cls(sample_s=5.0, noise=0.05, min_sizes=sizes, probe_gap_s=10.0, probe_s=10.0)
 
     def __post_init__(self) -> None:
