@@ -130,12 +130,12 @@ def flag(path: str) -> str:
     """The option that sets a setting, for error messages (`replay.hours` -> `--hours`)."""
     if path in FLAGS:
         return FLAGS[path]
-    mode, _, rest = path.rpartition(".") if "." not in path else path.partition(".")
-    if rest.startswith("slurm."):
-        return slurm_options.OPTIONS.get(rest[6:], path)
-    if rest.startswith("config."):
-        rest = rest[7:]
-    return "--" + rest.replace("_", "-") if rest else path
+    top, _, rest = path.partition(".")
+    name = rest or top                      # below replay. / live., or a top-level setting
+    if name.startswith("slurm."):
+        return slurm_options.OPTIONS.get(name[6:], path)
+    name = name.removeprefix("config.")
+    return "--" + name.replace("_", "-") if name else path
 
 
 def main(argv: Optional[list[str]] = None) -> int:
