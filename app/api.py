@@ -171,13 +171,21 @@ def cancel(job_id):
     return jsonify(_job_json(info) if info else {"id": job_id, "state": "cancelled"})
 
 
-@bp.post("/replay/<command>")
-def replay(command):
+def _not_staff(what: str):
+    """The error response for a request that is not a logged-in staff member's, else None."""
     user = context.current_user()
     if user is None:
         return _err(401, "log in first")
     if not user.is_staff:
-        return _err(403, "only staff may control the harvester")
+        return _err(403, f"only staff may {what}")
+    return None
+
+
+@bp.post("/replay/<command>")
+def replay(command):
+    refused = _not_staff("control the harvester")
+    if refused:
+        return refused
     h = context.harvester
     try:
         if command == "pause":
@@ -215,11 +223,9 @@ def worker_report(job_id):
 @bp.post("/nodes/<node>/<command>")
 def node(node, command):
     """Staff play the node owner on a static source: take a node back, or give it again."""
-    user = context.current_user()
-    if user is None:
-        return _err(401, "log in first")
-    if not user.is_staff:
-        return _err(403, "only staff may reclaim or release nodes")
+    refused = _not_staff("reclaim or release nodes")
+    if refused:
+        return refused
     h = context.harvester
     if not h.capabilities.operates_nodes:
         return _err(409, "this server's node source is not operated by hand")
