@@ -25,9 +25,9 @@ from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.auth import TOKEN_TTL_S, Users
-from tests.conftest import write_jobset
-from tests.server import ROOT, free_port, password, start_app, write_users
-from tests.waiting import poll
+from tests.support.files import write_jobset
+from tests.support.server import ROOT, free_port, password, start_app, write_users
+from tests.support.waiting import poll
 
 RACKS = "d30,e04,e06,e11,f36,g30"
 START = "2021-02-12T19:30:00Z"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_module, write_jobset, write_trace
+from tests.support.files import write_jobset, write_trace
+from tests.support.procs import run_module
 from core.clock import SimClock
 from core.controller import Controller, ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher

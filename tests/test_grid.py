@@ -15,7 +15,7 @@ from app.grid import (C_BUSY, C_IDLE, C_JOB0, C_RESCALE, PATCH_LIMIT, CellCache,
 from core.replay import DEFAULT_NODE_LIST
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 from core.sources.trace import read_node_list
-from tests.conftest import ROOT
+from tests.support.files import ROOT
 from tests.test_runner import wait_for
 
 

@@ -16,9 +16,9 @@ from core.schemas import JobSpec
 from core.service import LiveHarvester
 from core.sources.static import StaticSource
 from core.transports.local import LocalTransport
-from tests.conftest import ROOT
-from tests.test_workers import leftovers
-from tests.waiting import wait
+from tests.support.files import ROOT
+from tests.support.procs import leftovers
+from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
 COMMAND = [sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "2", "--log-every", "1000000",

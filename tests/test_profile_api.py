@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.server import start_app
-from tests.waiting import poll
+from tests.support.server import start_app
+from tests.support.waiting import poll
 
 START = "2021-02-10T20:20:00Z"
 WORDS = {"prior", "given", "low", "medium", "high"}

@@ -16,7 +16,7 @@ from core.jpa import JPA, JPAConfig
 from core.model import Curve, Job, PauseSample, RateSample
 from core.scaling import usl
 from core.snapshot import BUSY, HELD, Snapshot
-from tests.conftest import ROOT
+from tests.support.files import ROOT
 
 dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
 from app.pages.jobs import CONFIDENCE, table_rows  # noqa: E402  (a page registers itself on import)

@@ -10,7 +10,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tests.server import start_app
+from tests.support.server import start_app
 
 SPEED = 600
 #: the store is flushed every ~1 s wall from the replay loop, whose tick is 0.5 s: a kill loses

@@ -1,5 +1,5 @@
 """Start/stop one worker process on a node, for both transports: local process groups and the
-OpenSSH client against a real sshd on 127.0.0.1 (tests/sshd.py). Real processes, no mocks.
+OpenSSH client against a real sshd on 127.0.0.1 (tests/support/sshd.py). Real processes, no mocks.
 
 The worker is a small Python program: it writes its argv, HV_* environment, cwd and process
 ids as JSON, forks a child (to check that the whole group goes), prints some lines and sleeps;
@@ -24,7 +24,7 @@ from core.errors import InputError
 from core.inventory import load_inventory, local_nodes, parse_inventory
 from core.transports import (STOP_GONE, STOP_KILL, STOP_LOST, STOP_TERM, Handle, LocalTransport,
                              NodeSpec, SshTransport, StartError, Transport, TransportError)
-from tests.sshd import SshdServer
+from tests.support.sshd import SshdServer
 
 WORKER = r"""
 import json, os, signal, subprocess, sys, time
