@@ -13,7 +13,7 @@ from core.schemas import JobSpec
 from core.service import LiveHarvester
 from core.snapshot import BUSY, HELD
 from core.sources.static import StaticSource
-from tests.test_runner import wait_for
+from tests.support.waiting import wait
 
 NODES = [f"lab{i}" for i in range(6)]
 SPEC = JobSpec(name="mlp", min_nodes=1, max_nodes=6, total_samples=1e12, curve="1:100, 6:600",
@@ -37,10 +37,10 @@ def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
     try:
         assert h.mode == "live" and len(h.snapshot.nodes) == 6
         job = h.submit(SPEC, "alice")
-        wait_for(lambda: holds(h, job.id) == 6, 5)
+        wait(lambda: holds(h, job.id) == 6, 5, "the job on 6 nodes", period=0.02)
         t0 = time.monotonic()
         h.source.reclaim("lab3", time.time())
-        wait_for(lambda: holds(h, job.id) == 5, 5)
+        wait(lambda: holds(h, job.id) == 5, 5, "lab3 vacated", period=0.02)
         took = time.monotonic() - t0
         snap = h.snapshot
         i = snap.nodes.index("lab3")
@@ -51,7 +51,7 @@ def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
         time.sleep(0.4)
         assert holds(h, job.id) == 5, "a paused harvester hands out no node"
         h.resume()
-        wait_for(lambda: holds(h, job.id) == 6, 5)
+        wait(lambda: holds(h, job.id) == 6, 5, "lab3 held again after the resume", period=0.02)
         assert h.snapshot.state[i] == HELD
         with pytest.raises(ValueError):
             h.set_speed(10)
@@ -65,7 +65,7 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
     db = tmp_path / "live.db"
     h = harvester(db)
     job = h.submit(SPEC, "bob")
-    wait_for(lambda: holds(h, job.id) == 6, 5)
+    wait(lambda: holds(h, job.id) == 6, 5, "the job on 6 nodes", period=0.02)
     time.sleep(0.5)
     h.close()
     source = StaticSource(NODES)
@@ -74,7 +74,7 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
     again = harvester(db, source=source)
     try:
         assert again.job(job.id).owner == "bob"
-        wait_for(lambda: holds(again, job.id) == 5, 5)
+        wait(lambda: holds(again, job.id) == 5, 5, "the restarted job on the 5 nodes left", period=0.02)
         assert again.snapshot.job(job.id)["samples_done"] > 0
     finally:
         again.close()

@@ -14,7 +14,7 @@ from core.model import Curve, Job, JobState
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
 from core.service import Harvester
-from tests.test_runner import wait_for
+from tests.support.waiting import wait
 
 SPEC = JobSpec(name="probe", min_nodes=1, max_nodes=4, total_samples=1e9, curve="1:100, 4:390")
 
@@ -46,7 +46,7 @@ def test_a_registered_job_is_in_the_store_when_submit_returns(harvester):
         [("alice", "queued", "probe")]
     assert harvester.snapshot.job(job.id)["state"] == "queued"
     harvester.resume()
-    wait_for(lambda: harvester.snapshot.job(job.id)["state"] == "running")
+    wait(lambda: harvester.snapshot.job(job.id)["state"] == "running", 10.0, "the job to run", period=0.02)
 
 
 def test_cancel_while_paused_takes_effect_at_once_and_durably(harvester):
@@ -65,7 +65,7 @@ def test_reopening_a_store_resumes_its_own_settings(tmp_path, small_trace, small
     db = tmp_path / "h.db"
     h = Harvester(db, settings(small_trace, small_jobs, nodes=6), speed=600, tick_s=0.05)
     h.open()
-    wait_for(lambda: h.snapshot.time > h.replay.start + 1200)
+    wait(lambda: h.snapshot.time > h.replay.start + 1200, 10.0, "1200 simulated s of replay", period=0.02)
     job = h.submit(SPEC, "bob")
     h.close()
     (saved,), = stored(db, "select value from meta where key = 'replay_cursor'")
