@@ -83,10 +83,3 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
         assert fresh.job(job.id) is None
     finally:
         fresh.close()
-
-
-def test_static_source_rejects_unknown_and_duplicate_nodes():
-    with pytest.raises(ValueError):
-        StaticSource(["a", "a"])
-    with pytest.raises(KeyError):
-        StaticSource(["a"]).reclaim("b", 0.0)
