@@ -57,7 +57,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from app.grid import PATCH_LIMIT, Cells
-from tests.server import CHROMIUM, CHROMIUM_ARGS, start_app, write_users
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, start_app, write_users
 
 GOAL_UPDATE_MS = 100.0
 GOAL_UPDATE_KB = 150.0

@@ -313,7 +313,7 @@ def measure(kind: str, repeats: int, baseline_repeats: int, tmp: Path) -> dict:
             transport, specs = LocalTransport(), local_nodes(4)
         elif kind == "ssh":
             from core.transports.ssh import SshTransport
-            from tests.sshd import start_sshd
+            from tests.support.sshd import start_sshd
             sshd = start_sshd(tmp / "sshd")
             transport = SshTransport(config=str(sshd.client_config))
             specs = [NodeSpec(a, a) for a in sshd.aliases[:4]]

@@ -43,7 +43,7 @@ from core.service import Harvester
 from core.settings import HarvesterSettings
 from core.slurm.settings import SlurmSettings
 from core.snapshot import HELD
-from tests.slurm import alive, processes_with_env, start_cluster
+from tests.support.slurm import alive, processes_with_env, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_MS = 1000.0

@@ -48,7 +48,7 @@ def measure(kind: str, repeats: int, workdir: Path, log=print) -> dict:
         transport, specs = LocalTransport(), local_nodes(4)
     else:
         from core.transports.ssh import SshTransport
-        from tests.sshd import start_sshd
+        from tests.support.sshd import start_sshd
         sshd = start_sshd(workdir / "sshd")
         transport = SshTransport(config=str(sshd.client_config))
         specs = [NodeSpec(f"node{i}", f"node{i}") for i in range(4)]

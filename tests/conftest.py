@@ -1,33 +1,14 @@
-"""Shared helpers: small trace and job-set files written into the test's own folder."""
+"""Fixtures shared by every test module: small trace and job-set files written into the test's
+own folder, and (imported here so every module sees it) the session's loopback sshd. Helpers
+that are not fixtures live in tests/support/."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)
-
-ROOT = Path(__file__).resolve().parent.parent
-
-JOBSET_HEADER = ("job,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_seconds,"
-                 "scale_down_seconds,nodes,samples_per_second")
-
-
-def write_trace(path: Path, rows: list[tuple[str, str, str]]) -> Path:
-    path.write_text("time,node,state\n" + "".join(f"{t},{n},{s}\n" for t, n, s in rows))
-    return path
-
-
-def write_jobset(path: Path, rows: list[str]) -> Path:
-    path.write_text(JOBSET_HEADER + "\n" + "".join(r + "\n" for r in rows))
-    return path
-
-
-def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+from tests.support.files import write_jobset, write_trace
+from tests.support.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)
 
 
 @pytest.fixture

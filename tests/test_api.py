@@ -25,9 +25,9 @@ from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.auth import TOKEN_TTL_S, Users
-from tests.conftest import write_jobset
-from tests.server import ROOT, free_port, password, start_app, write_users
-from tests.waiting import poll
+from tests.support.files import write_jobset
+from tests.support.server import ROOT, free_port, password, start_app, write_users
+from tests.support.waiting import wait
 
 RACKS = "d30,e04,e06,e11,f36,g30"
 START = "2021-02-12T19:30:00Z"
@@ -44,10 +44,6 @@ MISSING = object()
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-def wait_for(pred, timeout: float = 6.0, every: float = 0.1):
-    return poll(pred, timeout, every)
-
 
 def stored(db: Path, sql: str, args=()) -> list[dict]:
     """Rows from the store, read through a read-only connection of our own."""
@@ -124,7 +120,8 @@ def app(tmp_path_factory):
     proc = start_app(workdir, "--fresh", "--speed", "120", "--racks", RACKS, "--start", START,
                      "--jobs", str(jobs))
     # the first snapshot, published before the first tick, still says "stopped"
-    assert wait_for(lambda: proc.get("/api/health")[1]["replay"] == "running"), proc.get("/api/health")
+    assert wait(lambda: proc.get("/api/health")[1]["replay"] == "running", 6.0, period=0.1, fail=False), \
+        proc.get("/api/health")
     yield proc
     proc.stop()
 
@@ -328,7 +325,8 @@ def test_a_valid_job_is_created_listed_and_durable(app, tokens):
     assert isinstance(one["why"], str) and one["why"].strip()
 
     # the replay takes it up: it runs on harvested nodes
-    assert wait_for(lambda: app.get(f"/api/jobs/{job_id}")[1]["nodes"] > 0), app.get(f"/api/jobs/{job_id}")
+    assert wait(lambda: app.get(f"/api/jobs/{job_id}")[1]["nodes"] > 0, 6.0, period=0.1, fail=False), \
+        app.get(f"/api/jobs/{job_id}")
     app.request("DELETE", f"/api/jobs/{job_id}", token=tokens["alice"])
 
 
@@ -444,7 +442,7 @@ def test_cancel_rules(app, tokens):
     assert status == 200, body
     assert body["id"] == job
     assert stored_state(app, job) == "cancelled"          # durable as soon as it is answered
-    assert wait_for(lambda: job_state(app, job) == "cancelled"), job_state(app, job)
+    assert wait(lambda: job_state(app, job) == "cancelled", 6.0, period=0.1, fail=False), job_state(app, job)
     assert app.get(f"/api/jobs/{job}")[1]["nodes"] == 0
 
     status, body = app.request("DELETE", f"/api/jobs/{job}", token=tokens["alice"])
@@ -460,14 +458,14 @@ def test_staff_may_cancel_anyones_job(app, tokens):
     status, body = app.request("DELETE", f"/api/jobs/{job}", token=tokens["staff1"])
     assert status == 200, body
     assert stored_state(app, job) == "cancelled"
-    assert wait_for(lambda: job_state(app, job) == "cancelled")
+    assert wait(lambda: job_state(app, job) == "cancelled", 6.0, period=0.1, fail=False)
     status, body = app.request("DELETE", f"/api/jobs/{job}", token=tokens["staff1"])
     assert status == 409, body
 
 
 def test_a_user_cannot_cancel_the_job_sets_jobs(app, tokens):
     # S1 arrives 60 simulated seconds after the start (half a second at 120x)
-    assert wait_for(lambda: app.get("/api/jobs/S1")[0] == 200), app.get("/api/health")
+    assert wait(lambda: app.get("/api/jobs/S1")[0] == 200, 6.0, period=0.1, fail=False), app.get("/api/health")
     status, body = app.request("DELETE", "/api/jobs/S1", token=tokens["alice"])
     assert status == 403, body
     assert job_state(app, "S1") == "running"
@@ -502,7 +500,7 @@ def test_only_staff_may_pause_the_replay(app, tokens):
     finally:
         status, body = app.request("POST", "/api/replay/resume", token=tokens["staff1"])
     assert status == 200 and body["status"] == "running", body
-    assert wait_for(lambda: app.get("/api/health")[1]["time"] > t0)
+    assert wait(lambda: app.get("/api/health")[1]["time"] > t0, 6.0, period=0.1, fail=False)
 
 
 def test_replay_commands_refuse_bad_input(app, tokens):
@@ -535,7 +533,7 @@ def test_staff_may_change_the_speed(app, tokens):
 
 def test_metrics_agree_with_the_api(app, tokens):
     mine = new_job(app, tokens["alice"], name="metrics probe")
-    assert wait_for(lambda: app.get(f"/api/jobs/{mine}")[1]["samples_per_second"] > 0)
+    assert wait(lambda: app.get(f"/api/jobs/{mine}")[1]["samples_per_second"] > 0, 6.0, period=0.1, fail=False)
     status, body = app.request("POST", "/api/replay/pause", token=tokens["staff1"])
     assert status == 200, body
     try:   # paused: /api/cluster, /api/jobs and /metrics all read the same snapshot
@@ -596,7 +594,7 @@ def test_metrics_agree_with_the_api(app, tokens):
 def test_the_replay_still_advances_after_all_this(app):
     """Whatever the requests above did, the replay kept ticking and logged no failed tick."""
     t0 = app.get("/api/health")[1]["time"]
-    assert wait_for(lambda: app.get("/api/health")[1]["time"] > t0 + 60), "the replay is stuck"
+    assert wait(lambda: app.get("/api/health")[1]["time"] > t0 + 60, 6.0, period=0.1, fail=False), "the replay is stuck"
     log = app.output()
     assert "raised an exception" not in log, log[-3000:]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, password, start_app
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, password, start_app
 
 sync_api = browser_or_skip()
 

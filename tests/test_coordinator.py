@@ -17,7 +17,7 @@ import pytest
 from core.runtime import protocol as P
 from core.runtime.coordinator import JobCoordinator
 from core.runtime.reports import ReportBook, ReportServer
-from tests.waiting import wait
+from tests.support.waiting import wait
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "digits_cnn.py"

@@ -15,8 +15,8 @@ from app.grid import (C_BUSY, C_IDLE, C_JOB0, C_RESCALE, PATCH_LIMIT, CellCache,
 from core.replay import DEFAULT_NODE_LIST
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 from core.sources.trace import read_node_list
-from tests.conftest import ROOT
-from tests.test_runner import wait_for
+from tests.support.files import ROOT
+from tests.support.waiting import wait
 
 
 def apply_patch(fig: dict, patch) -> dict:
@@ -157,7 +157,7 @@ def test_a_browser_key_leads_to_a_patch_not_a_whole_figure(tmp_path, small_trace
         fig, key = grid_update(None)
         assert isinstance(fig, dict) and fig["data"][0]["type"] == "heatmap"
         seq = key["seq"]
-        wait_for(lambda: h.snapshot.seq > seq)
+        wait(lambda: h.snapshot.seq > seq, 10.0, "a newer snapshot", period=0.02)
         update, key2 = grid_update(_as_javascript_keeps_it(key))
         assert isinstance(update, Patch) and key2["seq"] > seq
     finally:

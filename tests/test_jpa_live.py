@@ -11,9 +11,9 @@ import pytest
 from core.assemble import build
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
-from tests.conftest import ROOT
-from tests.test_workers import leftovers
-from tests.waiting import wait
+from tests.support.files import ROOT
+from tests.support.procs import leftovers
+from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
 COMMAND = [sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "2", "--log-every", "1000000",

@@ -1,6 +1,5 @@
 """The Harvester service a web process is built around: durable commands, resume after a
-crash with the settings the run was made with, restart with new settings; and the plain-words
-explanation of an allocation."""
+crash with the settings the run was made with, restart with new settings."""
 from __future__ import annotations
 
 import sqlite3
@@ -9,13 +8,11 @@ from dataclasses import replace
 import pytest
 
 from core.controller import ControllerConfig
-from core.explain import why
-from core.model import Curve, Job, JobState
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
 from core.assemble import build
 from core.settings import HarvesterSettings
-from tests.test_runner import wait_for
+from tests.support.waiting import wait
 
 SPEC = JobSpec(name="probe", min_nodes=1, max_nodes=4, total_samples=1e9, curve="1:100, 4:390")
 
@@ -51,7 +48,7 @@ def test_a_registered_job_is_in_the_store_when_submit_returns(harvester):
         [("alice", "queued", "probe")]
     assert harvester.snapshot.job(job.id)["state"] == "queued"
     harvester.resume()
-    wait_for(lambda: harvester.snapshot.job(job.id)["state"] == "running")
+    wait(lambda: harvester.snapshot.job(job.id)["state"] == "running", 10.0, "the job to run", period=0.02)
 
 
 def test_cancel_while_paused_takes_effect_at_once_and_durably(harvester):
@@ -70,7 +67,7 @@ def test_reopening_a_store_resumes_its_own_settings(tmp_path, small_trace, small
     db = tmp_path / "h.db"
     h = replay_harvester(db, settings(small_trace, small_jobs, nodes=6), speed=600, tick_s=0.05)
     h.open()
-    wait_for(lambda: h.snapshot.time > h.replay.start + 1200)
+    wait(lambda: h.snapshot.time > h.replay.start + 1200, 10.0, "1200 simulated s of replay", period=0.02)
     job = h.submit(SPEC, "bob")
     h.close()
     (saved,), = stored(db, "select value from meta where key = 'replay_cursor'")
@@ -117,23 +114,3 @@ def test_speed_is_bounded(harvester):
             harvester.set_speed(bad)
     harvester.set_speed(3600)
     assert harvester.speed == 3600
-
-
-def _job(**kw):
-    base = dict(id="J", min_nodes=2, max_nodes=16, total_samples=1e9,
-                curve=Curve((1, 2, 4, 8, 16), (100, 200, 390, 500, 520)), scale_up_seconds=18,
-                scale_down_seconds=12, state=JobState.RUNNING)
-    base.update(kw)
-    return Job(**base)
-
-
-def test_why_says_what_holds_a_job_back():
-    assert why(_job(state=JobState.QUEUED), 0, 50, 50, 10, 10, 10, queue_position=3).startswith(
-        "queued: 10 jobs already running (at most 10 at once), number 3")
-    assert why(_job(), 16, 100, 40, 3, 10, 10) == "holds 16 nodes: its maximum"
-    line = why(_job(), 8, 100, 20, 3, 10, 10)     # 80 free nodes, but 8 -> 16 adds 20 samples/s only
-    assert line.startswith("holds 8 nodes: growing to 16 adds 20 samples/s") and "18 s rescale pause" in line
-    assert "all 30 idle nodes are in use" in why(_job(), 4, 30, 30, 3, 10, 10)
-    assert why(_job(), 0, 0, 0, 3, 10, 10) == "waiting: no node is idle"
-    assert "needs at least 2 nodes" in why(_job(), 0, 10, 9, 3, 10, 10)
-    assert why(_job(state=JobState.DONE, end_time=0.0), 0, 10, 9, 3, 10, 10).startswith("done at 1970-01-01")

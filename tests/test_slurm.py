@@ -1,4 +1,4 @@
-"""The Slurm node source against a real Slurm 22.05 on loopback (tests/slurm.py: munged,
+"""The Slurm node source against a real Slurm 22.05 on loopback (tests/support/slurm.py: munged,
 slurmctld and 8 slurmd in their own PID namespace, a preemptible `scavenger` partition).
 
 The acceptance path goes through `python -m app --source slurm`: pilots take the 8 idle nodes, a
@@ -28,10 +28,10 @@ from core.slurm.wire import HELLO, Wire
 from core.slurm.source import resolve_watch
 from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
-from tests.conftest import run_module
-from tests.server import ROOT, start_app
-from tests.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
-from tests.waiting import wait
+from tests.support.procs import run_module
+from tests.support.server import ROOT, start_app
+from tests.support.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
 NODES = [f"node{i}" for i in range(1, 9)]

@@ -1,5 +1,5 @@
 """Start/stop one worker process on a node, for both transports: local process groups and the
-OpenSSH client against a real sshd on 127.0.0.1 (tests/sshd.py). Real processes, no mocks.
+OpenSSH client against a real sshd on 127.0.0.1 (tests/support/sshd.py). Real processes, no mocks.
 
 The worker is a small Python program: it writes its argv, HV_* environment, cwd and process
 ids as JSON, forks a child (to check that the whole group goes), prints some lines and sleeps;
@@ -24,7 +24,8 @@ from core.errors import InputError
 from core.inventory import load_inventory, local_nodes, parse_inventory
 from core.transports import (STOP_GONE, STOP_KILL, STOP_LOST, STOP_TERM, Handle, LocalTransport,
                              NodeSpec, SshTransport, StartError, Transport, TransportError)
-from tests.sshd import SshdServer
+from tests.support.sshd import SshdServer
+from tests.support.waiting import wait
 
 WORKER = r"""
 import json, os, signal, subprocess, sys, time
@@ -81,13 +82,10 @@ def new_token() -> str:
     return TOKENS[-1]
 
 
-def wait_for(path: Path, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not appear within {timeout} s")
+def read_when_written(path: Path, timeout: float = 20) -> dict:
+    """What a worker wrote to `path` (its argv, environment and ids), once it is there."""
+    wait(path.exists, timeout, f"{path} to appear", period=0.02)
+    return json.loads(path.read_text())
 
 
 def live_with(token: str) -> list[int]:
@@ -109,12 +107,7 @@ def live_with(token: str) -> list[int]:
 
 
 def gone(token: str, timeout: float = 3) -> bool:
-    deadline = time.monotonic() + timeout
-    while live_with(token):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return wait(lambda: not live_with(token), timeout, period=0.02, fail=False)
 
 
 LEAKED: list[int] = []  # workers still alive after a test that passed
@@ -168,7 +161,7 @@ def test_arguments_and_environment_arrive_literally_and_stop_is_graceful(rig: Ri
     workdir.mkdir()
     h, out = rig.start(token, *args, env=env, workdir=workdir)
     assert h.pid > 0 and h.token
-    info = wait_for(out)
+    info = read_when_written(out)
     assert rig.transport.alive(h)
     assert info["argv"] == [token, *args]
     for k, v in env.items():
@@ -189,7 +182,7 @@ def test_arguments_and_environment_arrive_literally_and_stop_is_graceful(rig: Ri
 def test_sigterm_ignored_means_sigkill_after_the_grace(rig: Rig):
     token = new_token()
     h, out = rig.start(token, mode="ignore")
-    wait_for(out)
+    read_when_written(out)
     t0 = time.monotonic()
     assert rig.transport.stop(h, grace_s=1.0) == STOP_KILL
     took = time.monotonic() - t0
@@ -200,7 +193,7 @@ def test_sigterm_ignored_means_sigkill_after_the_grace(rig: Rig):
 def test_kill_is_immediate_and_a_stopped_worker_still_gets_sigterm(rig: Rig):
     token = new_token()
     h, out = rig.start(token)
-    wait_for(out)
+    read_when_written(out)
     t0 = time.monotonic()
     rig.transport.kill(h)
     assert time.monotonic() - t0 < 2
@@ -210,7 +203,7 @@ def test_kill_is_immediate_and_a_stopped_worker_still_gets_sigterm(rig: Rig):
 
     token2 = new_token()
     h2, out2 = rig.start(token2)
-    wait_for(out2)
+    read_when_written(out2)
     os.kill(h2.pid, signal.SIGSTOP)  # a frozen worker (same machine for both transports)
     assert rig.transport.stop(h2, grace_s=5) == STOP_TERM  # SIGCONT follows SIGTERM
     assert Path(str(out2) + ".term").exists() and gone(token2, timeout=0.5)
@@ -219,7 +212,7 @@ def test_kill_is_immediate_and_a_stopped_worker_still_gets_sigterm(rig: Rig):
 def test_tail_shows_the_end_of_the_log_and_why_a_worker_failed(rig: Rig):
     token = new_token()
     h, out = rig.start(token, lines=50)
-    wait_for(out)
+    read_when_written(out)
     deadline = time.monotonic() + 10
     while rig.transport.tail(h, 5) != [f"line {i}" for i in range(45, 50)]:
         assert time.monotonic() < deadline, rig.transport.tail(h, 5)
@@ -260,7 +253,7 @@ def test_many_workers_on_two_nodes_polled_and_stopped_in_batches(rig: Rig):
     tokens = [new_token() for _ in range(4)]
     started = [rig.start(t, node=i % 2) for i, t in enumerate(tokens)]
     for _, out in started:
-        wait_for(out)
+        read_when_written(out)
     handles = [h for h, _ in started]
     assert rig.transport.alive_many(handles) == {h: True for h in handles}
     rig.transport.kill(handles[1])
@@ -275,7 +268,7 @@ def test_many_workers_on_two_nodes_polled_and_stopped_in_batches(rig: Rig):
 def test_a_handle_outlives_the_transport_and_a_reused_pid_is_never_signalled(rig: Rig):
     token = new_token()
     h, out = rig.start(token)
-    wait_for(out)
+    read_when_written(out)
     # the PID now "belongs" to another process: a wrong start-time token
     impostor = Handle(h.node, h.pid, str(int(h.token) + 1), h.log_path, h.started_at)
     assert not rig.transport.alive(impostor)
@@ -333,7 +326,7 @@ def test_ssh_latency_with_controlmaster_and_close_ends_the_master(sshd_server: S
         h = t.start(node, [sys.executable, "-c", WORKER, token], {"HV_OUT": str(out)}, str(tmp_path),
                     str(tmp_path / f"{token}.log"))
         starts.append(time.monotonic() - t0)
-        wait_for(out)
+        read_when_written(out)
         t0 = time.monotonic()
         assert t.alive(h)
         alives.append(time.monotonic() - t0)

@@ -3,38 +3,20 @@ starts on 2 nodes, grows to 3, is vacated down to 1 by its source (within 2 s), 
 loses a worker to SIGKILL, and finishes with exactly its total samples; nothing is left behind."""
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from core.assemble import build
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
-from tests.conftest import ROOT
-from tests.waiting import wait
+from tests.support.files import ROOT
+from tests.support.procs import leftovers
+from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
 TOTAL = GLOBAL_BATCH * 1200
-
-
-def leftovers(job_id: str) -> list[int]:
-    """Live processes whose environment names this job (every worker gets HARVEST_JOB)."""
-    out = []
-    marker = f"HARVEST_JOB={job_id}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in env and state != "Z":
-            out.append(int(pid))
-    return out
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.server import start_app
-from tests.waiting import poll
+from tests.support.server import start_app
+from tests.support.waiting import wait
 
 START = "2021-02-10T20:20:00Z"
 WORDS = {"prior", "given", "low", "medium", "high"}
@@ -33,10 +33,6 @@ def strict_get(app, path: str):
         raise AssertionError(f"{path} answered a bare {word}, which JSON.parse refuses")
     with urllib.request.urlopen(app.url + path, timeout=30) as r:
         return r.status, json.loads(r.read().decode(), parse_constant=refuse)
-
-
-def wait_for(pred, timeout: float, every: float = 0.25):
-    return poll(pred, timeout, every)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +55,8 @@ def profiles(app) -> dict[str, dict]:
 def test_a_measured_job_has_its_profile(learned):
     status, cluster = strict_get(learned, "/api/cluster?nodes=0")
     assert status == 200 and cluster["config"]["jpa"] is True, cluster
-    found = wait_for(lambda: {k: p for k, p in profiles(learned).items() if p and len(p["measured"]) >= 2}, 40)
+    found = wait(lambda: {k: p for k, p in profiles(learned).items() if p and len(p["measured"]) >= 2}, 40,
+                 period=0.25, fail=False)
     assert found, f"no job was measured at two sizes in 40 s at 3600x:\n{learned.output()[-2000:]}"
     job_id, p = next(iter(found.items()))
     status, job = strict_get(learned, f"/api/jobs/{job_id}")
@@ -94,7 +91,8 @@ def test_a_measured_job_has_its_profile(learned):
 
 
 def test_probes_are_listed_with_their_reason(learned):
-    with_probes = wait_for(lambda: {k: p for k, p in profiles(learned).items() if p and p["probes"]}, 40)
+    with_probes = wait(lambda: {k: p for k, p in profiles(learned).items() if p and p["probes"]}, 40,
+                       period=0.25, fail=False)
     assert with_probes, "no job was probed in 40 s at 3600x"
     for job_id, p in with_probes.items():
         job = strict_get(learned, f"/api/jobs/{job_id}")[1]
@@ -129,8 +127,8 @@ def test_a_registered_job_has_a_profile_once_queued(learned):
         "curve": "1:1200, 8:9000, 32:30000"}, token=learned.token("alice"))
     assert status == 201, body
     assert body["confidence"] in WORDS
-    job = wait_for(lambda: (lambda j: j if j["profile"] else None)(
-        strict_get(learned, f"/api/jobs/{body['id']}")[1]), 10)
+    job = wait(lambda: (lambda j: j if j["profile"] else None)(
+        strict_get(learned, f"/api/jobs/{body['id']}")[1]), 10, period=0.25, fail=False)
     assert job, "the profiler did not know the registered job within 10 s"
     p = job["profile"]
     assert p["given"] is None
@@ -144,7 +142,7 @@ def test_without_the_profiler_the_profile_is_null(tmp_path, small_trace, small_j
                     "--hours", "3", "--speed", "600")
     try:
         assert strict_get(app, "/api/cluster?nodes=0")[1]["config"]["jpa"] is False
-        jobs = wait_for(lambda: strict_get(app, "/api/jobs")[1]["jobs"], 20)
+        jobs = wait(lambda: strict_get(app, "/api/jobs")[1]["jobs"], 20, period=0.25, fail=False)
         assert jobs, "the job set's jobs did not arrive"
         assert {j["confidence"] for j in jobs} == {"given"}
         status, job = strict_get(app, f"/api/jobs/{jobs[0]['id']}")

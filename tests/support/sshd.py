@@ -6,7 +6,7 @@ makes a host key and a client key in `dir`, starts `sshd -D` as the current user
 (and `node-dead` reaches a closed port). `SshdServer.stop()` stops it by PID and kills whatever
 its sessions left running (found by their SSH_CONNECTION, which names this server's port).
 
-In a test module:  `from tests.sshd import sshd_server`  makes the session-scoped fixture
+In a test module:  `from tests.support.sshd import sshd_server`  makes the session-scoped fixture
 available there (pytest collects fixtures from module globals).
 """
 from __future__ import annotations

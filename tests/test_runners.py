@@ -9,18 +9,11 @@ from core.controller import ControllerConfig
 from core.replay import TIMING_KEYS, Replay, ReplaySettings
 from core.runners import ReplayRunner
 from core.snapshot import BUSY, HELD, IDLE
+from tests.support.waiting import wait
 
 
 def settings(trace, jobs):
     return ReplaySettings(trace=trace, jobs=jobs, hours=10, config=ControllerConfig(tfwd=600))
-
-
-def wait_for(cond, timeout=10.0):
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 def test_live_replay_runs_to_the_same_end_as_headless(small_trace, small_jobs):
@@ -30,7 +23,7 @@ def test_live_replay_runs_to_the_same_end_as_headless(small_trace, small_jobs):
     assert first.status == "stopped" and len(first.nodes) == 8
     runner.start()
     try:
-        wait_for(lambda: runner.status == "finished")
+        wait(lambda: runner.status == "finished", 10.0, "the replay to finish", period=0.02)
     finally:
         runner.stop()
     snap = runner.snapshot
@@ -45,7 +38,7 @@ def test_pause_resume_and_speed(small_trace, small_jobs):
     runner = ReplayRunner(Replay(settings(small_trace, small_jobs)), speed=600, tick_s=0.05)
     runner.start()
     try:
-        wait_for(lambda: runner.snapshot.time > runner.replay.start + 60)
+        wait(lambda: runner.snapshot.time > runner.replay.start + 60, 10.0, "60 simulated s of replay", period=0.02)
         held = [s for s in runner.snapshot.state if s == HELD]
         assert held and runner.snapshot.kpis["harvested"] == len(held)
         runner.pause()
@@ -54,7 +47,7 @@ def test_pause_resume_and_speed(small_trace, small_jobs):
         assert runner.snapshot.status == "paused" and runner.replay.clock.now() == t_paused
         runner.resume()
         runner.set_speed(6000)
-        wait_for(lambda: runner.snapshot.time > t_paused + 600)
+        wait(lambda: runner.snapshot.time > t_paused + 600, 10.0, "600 simulated s after the resume", period=0.02)
         assert runner.snapshot.status == "running"
     finally:
         runner.stop()
@@ -70,7 +63,7 @@ def test_a_failing_tick_stops_the_replay_visibly(small_trace, small_jobs):
         def broken(*a, **k):
             raise IndexError("injected")
         runner.replay.advance = broken       # fault injection: the next tick raises
-        wait_for(lambda: runner.snapshot.status == "error")
+        wait(lambda: runner.snapshot.status == "error", 10.0, "the failing tick to stop the replay", period=0.02)
         assert runner.error == "IndexError: injected"
         assert runner.scheduler.get_job("replay-tick") is None, "no more failing ticks"
     finally:

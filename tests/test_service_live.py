@@ -12,8 +12,7 @@ from core.schemas import JobSpec
 from core.service import Unsupported
 from core.settings import HarvesterSettings
 from core.snapshot import BUSY, HELD
-from core.sources.static import StaticSource
-from tests.test_runner import wait_for
+from tests.support.waiting import wait
 
 NODES = [f"lab{i}" for i in range(6)]
 SPEC = JobSpec(name="mlp", min_nodes=1, max_nodes=6, total_samples=1e12, curve="1:100, 6:600",
@@ -44,10 +43,10 @@ def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
     try:
         assert not h.capabilities.can_set_speed and h.capabilities.operates_nodes and len(h.snapshot.nodes) == 6
         job = h.submit(SPEC, "alice")
-        wait_for(lambda: holds(h, job.id) == 6, 5)
+        wait(lambda: holds(h, job.id) == 6, 5, "the job on 6 nodes", period=0.02)
         t0 = time.monotonic()
         h.source.reclaim("lab3", time.time())
-        wait_for(lambda: holds(h, job.id) == 5, 5)
+        wait(lambda: holds(h, job.id) == 5, 5, "lab3 vacated", period=0.02)
         took = time.monotonic() - t0
         snap = h.snapshot
         i = snap.nodes.index("lab3")
@@ -58,7 +57,7 @@ def test_a_reclaimed_node_is_vacated_within_a_tick(tmp_path):
         time.sleep(0.4)
         assert holds(h, job.id) == 5, "a paused harvester hands out no node"
         h.resume()
-        wait_for(lambda: holds(h, job.id) == 6, 5)
+        wait(lambda: holds(h, job.id) == 6, 5, "lab3 held again after the resume", period=0.02)
         assert h.snapshot.state[i] == HELD
         with pytest.raises(Unsupported):
             h.set_speed(10)
@@ -72,13 +71,13 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
     db = tmp_path / "live.db"
     h = harvester(db)
     job = h.submit(SPEC, "bob")
-    wait_for(lambda: holds(h, job.id) == 6, 5)
+    wait(lambda: holds(h, job.id) == 6, 5, "the job on 6 nodes", period=0.02)
     time.sleep(0.5)
     h.close()
     again = harvester(db, taken=["lab0"])        # while we were down, lab0 was taken back
     try:
         assert again.job(job.id).owner == "bob"
-        wait_for(lambda: holds(again, job.id) == 5, 5)
+        wait(lambda: holds(again, job.id) == 5, 5, "the restarted job on the 5 nodes left", period=0.02)
         assert again.snapshot.job(job.id)["samples_done"] > 0
     finally:
         again.close()
@@ -87,10 +86,3 @@ def test_a_restart_takes_the_jobs_up_again(tmp_path):
         assert fresh.job(job.id) is None
     finally:
         fresh.close()
-
-
-def test_static_source_rejects_unknown_and_duplicate_nodes():
-    with pytest.raises(ValueError):
-        StaticSource(["a", "a"])
-    with pytest.raises(KeyError):
-        StaticSource(["a"]).reclaim("b", 0.0)

@@ -3,7 +3,7 @@ one port each) under the caller's own folder, with the slurm.conf measured to wo
 Debian's Slurm 22.05 (a `main` partition and a preemptible `scavenger` partition, GraceTime=0).
 
 Everything runs inside its own PID namespace (`unshare --pid --fork --mount-proc`) whose PID 1
-is `tests/slurm_init.py`: it reaps the daemons' zombies, and when it exits the kernel kills
+is `tests/support/slurm_init.py`: it reaps the daemons' zombies, and when it exits the kernel kills
 whatever is left in the namespace, so no slurmstepd or job process can outlive a test, even one
 killed by a signal. `stop()` first cancels every job, waits for the steps to end and stops the
 daemons in order, and returns what was still alive (a clean run: nothing).
@@ -11,7 +11,7 @@ daemons in order, and returns what was still alive (a clean run: nothing).
 `ensure_slurm()` installs `slurm-wlm munge` with apt when slurmctld is missing, and fails
 loudly when it cannot: a test that needs Slurm never skips silently.
 
-In a test module:  `from tests.slurm import slurm_cluster`  makes the module-scoped fixture
+In a test module:  `from tests.support.slurm import slurm_cluster`  makes the module-scoped fixture
 available there.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Iterator, Optional
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.files import ROOT
+
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
 START_TIMEOUT_S = 60.0
@@ -234,7 +235,7 @@ def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_
     env = {**os.environ, "SLURM_CONF": str(conf)}
     # setpriv: unshare dies with us; --kill-child: the namespace's init dies with unshare.
     argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--mount-proc",
-            "--kill-child", sys.executable, "-m", "tests.slurm_init", str(workdir), ",".join(names)]
+            "--kill-child", sys.executable, "-m", "tests.support.slurm_init", str(workdir), ",".join(names)]
     err = open(workdir / "log" / "init.err", "w")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=err, text=True, bufsize=1)

@@ -10,7 +10,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tests.server import start_app
+from tests.support.server import start_app
+from tests.support.waiting import wait
 
 SPEED = 600
 #: the store is flushed every ~1 s wall from the replay loop, whose tick is 0.5 s: a kill loses
@@ -31,17 +32,6 @@ def read_store(db: Path) -> dict:
         conn.close()
 
 
-def wait_for(what: str, fn, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-
-
 def test_sigkill_then_restart_continues_the_run(tmp_path):
     app = start_app(tmp_path, "--fresh", "--speed", str(SPEED))
     users = tmp_path / "users.json"
@@ -51,7 +41,7 @@ def test_sigkill_then_restart_continues_the_run(tmp_path):
             assert status == 200, body
             jobs = [j for j in body["jobs"] if j["samples_done"] > 0]
             return jobs if len(jobs) >= 3 else None
-        wait_for("three running jobs with progress", progressing, timeout=25)
+        wait(progressing, 25, "three running jobs with progress", period=0.25)
 
         status, mine = app.request("POST", "/api/jobs", {
             "name": "alice-crash-test", "min_nodes": 1, "max_nodes": 64, "total_samples": 1e12,
@@ -112,8 +102,8 @@ def test_sigkill_then_restart_continues_the_run(tmp_path):
 
         # the clock keeps moving, and jobs that arrived after the last flush come back
         t1 = again.get("/api/health")[1]["time"]
-        wait_for("the simulated clock to pass the pre-kill time",
-                 lambda: again.get("/api/health")[1]["time"] > max(t1, t_before) + 60, timeout=15)
+        wait(lambda: again.get("/api/health")[1]["time"] > max(t1, t_before) + 60, 15,
+             "the simulated clock to pass the pre-kill time", period=0.25)
         ids = {j["id"] for j in again.get("/api/jobs")[1]["jobs"]}
         missing = set(live) - ids
         assert not missing, f"jobs known before the kill are missing after the restart: {sorted(missing)}"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import ROOT, start_app
-from tests.test_workers import leftovers
-from tests.waiting import wait
+from tests.support.server import ROOT, start_app
+from tests.support.procs import leftovers
+from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
 TOTAL = GLOBAL_BATCH * 1200

@@ -17,7 +17,8 @@ from typing import Optional
 
 from werkzeug.security import generate_password_hash
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.files import ROOT
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.grid import N_CODES, PROBE_COLOURS
-from tests.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, start_app
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, start_app
 
 sync_api = browser_or_skip()
 

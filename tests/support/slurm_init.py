@@ -1,4 +1,4 @@
-"""PID 1 of the test Slurm's own PID namespace (`tests/slurm.py` starts it under
+"""PID 1 of the test Slurm's own PID namespace (`tests/support/slurm.py` starts it under
 `unshare --pid --fork --mount-proc --kill-child`): it runs munged, slurmctld and one slurmd per
 node in the foreground, reaps every process that ends in the namespace (daemons leave zombies
 where PID 1 does not), and obeys one-line commands on stdin:
@@ -11,7 +11,7 @@ where PID 1 does not), and obeys one-line commands on stdin:
 Each answer is one line on stdout: `ok ...`, `error ...` or `bye <json leftovers>`. EOF on stdin
 (the test process died) means quit.
 
-    python -m tests.slurm_init DIR node1,node2,...
+    python -m tests.support.slurm_init DIR node1,node2,...
 """
 from __future__ import annotations
 

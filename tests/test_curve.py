@@ -1,25 +1,15 @@
-"""What the pages make of the profiler's view, without a server: the learned curve chart and its
-line from a real JPA fed with throughput samples of a known curve, the grid's probing cells and
-their patches, and the jobs table's curve column."""
+"""The learned curve chart and its line (app/curve.py), without a server, from a real JPA fed
+with throughput samples of a known curve."""
 from __future__ import annotations
 
 import math
 
-import dash
 import numpy as np
-import pytest
 
 from app.curve import BAND, FIT, GIVEN, MEASURED, curve_figure, probe_rows, probes_title, profile_line
-from app.grid import (C_JOB0, C_PROBE0, JOB_COLOURS, N_CODES, PROBE_COLOURS, CellCache, ColourBook, cells_of,
-                      colourscale, grid_patch, lighter)
 from core.jpa import JPA, JPAConfig
 from core.model import Curve, Job, PauseSample, RateSample
 from core.scaling import usl
-from core.snapshot import BUSY, HELD, Snapshot
-from tests.conftest import ROOT
-
-dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
-from app.pages.jobs import CONFIDENCE, table_rows  # noqa: E402  (a page registers itself on import)
 
 
 def truth(n: int) -> float:
@@ -104,69 +94,3 @@ def test_without_a_profile_the_chart_is_the_given_curve_as_before():
     fig = curve_figure(job, {"nodes": 8}, [{"nodes": 8, "samples_per_second": 370.0}], None)
     assert [t["name"] for t in fig["data"]] == ["curve in use", "given points", "measured", "now: 8 nodes"]
     assert fig["layout"]["height"] == 280 and "range" not in fig["layout"]["yaxis"]
-
-
-# ---- the grid ----------------------------------------------------------------------------------
-NAMES = [f"a01n{i:02d}" for i in range(1, 7)]
-
-
-def snapshot(seq: int, probing=frozenset(), rescaling=frozenset()) -> Snapshot:
-    jobs = ({"id": "J1", "name": "bert", "state": "running", "nodes": 3},
-            {"id": "J2", "name": "vgg", "state": "running", "nodes": 2})
-    return Snapshot(1000.0 + seq, seq, "running", tuple(NAMES), (BUSY, HELD, HELD, HELD, HELD, HELD),
-                    (None, "J1", "J1", "J1", "J2", "J2"), jobs, {}, (1000.0,) * 6, frozenset(rescaling),
-                    probing=frozenset(probing))
-
-
-def test_probing_nodes_take_a_lighter_shade_and_say_so():
-    book = ColourBook()
-    c = cells_of(snapshot(1, probing={"J1"}), book)
-    slot1, slot2 = book.slot("J1"), book.slot("J2")
-    assert c.codes.tolist()[1:] == [C_PROBE0 + slot1] * 3 + [C_JOB0 + slot2] * 2
-    assert all("probing: no sample at 3 nodes yet" in t and "bert (J1)" in t for t in c.text[1:4])
-    assert not any("probing" in t for t in c.text[4:])
-    # rescaling says more than probing: the job is paused, not measuring
-    r = cells_of(snapshot(2, probing={"J1"}, rescaling={"J1"}), book)
-    assert all(t.startswith("rescaling") for t in r.text[1:4])
-
-
-def test_every_code_has_its_colour_and_a_probe_shade_is_lighter():
-    scale = colourscale()
-    assert len(scale) == 2 * N_CODES == 2 * (C_PROBE0 + len(JOB_COLOURS))
-    assert [scale[2 * (C_PROBE0 + k)][1] for k in range(len(JOB_COLOURS))] == list(PROBE_COLOURS)
-    for base, shade in zip(JOB_COLOURS, PROBE_COLOURS):
-        assert sum(int(shade[k:k + 2], 16) for k in (1, 3, 5)) > sum(int(base[k:k + 2], 16) for k in (1, 3, 5))
-    assert lighter("#000000", 0.5) == "#808080" and lighter("#1f77b4", 0.0) == "#1f77b4"
-
-
-def test_a_probe_starting_patches_only_that_jobs_cells():
-    cache = CellCache()
-    lay = cache.layout(tuple(NAMES))
-    before, during = cache.cells(snapshot(1)), cache.cells(snapshot(2, probing={"J2"}))
-    ops = grid_patch(lay, before, during).to_plotly_json()["operations"]
-    cells = {tuple(o["location"][3:]) for o in ops}
-    assert len(ops) == 4 and cells == {(int(lay.row[i]), int(lay.col[i])) for i in (4, 5)}
-
-
-# ---- the jobs table ----------------------------------------------------------------------------
-def table_job(jid: str, word: str) -> dict:
-    return {"id": jid, "name": jid, "owner": "", "state": "running", "nodes": 1, "samples_per_second": 1.0,
-            "progress": 0.5, "eta": None, "submit_time": 0.0, "confidence": word}
-
-
-def test_the_curve_column_sorts_by_confidence_and_filters():
-    jobs = [table_job(f"J{k}", w) for k, w in enumerate(("high", "prior", "medium", "given", "low", "high"))]
-    rows, total = table_rows(jobs, None, "", [{"column_id": "curve", "direction": "asc"}], 0)
-    assert total == 6 and [r["curve"] for r in rows] == ["prior", "given", "low", "medium", "high", "high"]
-    rows, _ = table_rows(jobs, None, "", [{"column_id": "curve", "direction": "desc"}], 0)
-    assert [r["curve"] for r in rows][:2] == ["high", "high"]
-    rows, total = table_rows(jobs, None, "", None, 0, curves=["high", "low"])
-    assert total == 3 and {r["curve"] for r in rows} == {"high", "low"}
-    assert set(CONFIDENCE) == {"prior", "given", "low", "medium", "high"}
-
-
-@pytest.mark.parametrize("word", ["", None])
-def test_a_job_without_a_word_still_sorts(word):
-    jobs = [table_job("J1", "high"), {**table_job("J2", "low"), "confidence": word}]
-    rows, total = table_rows(jobs, None, "", [{"column_id": "curve", "direction": "asc"}], 0)
-    assert total == 2 and rows[0]["curve"] in ("high", "")

@@ -1,0 +1,32 @@
+"""Processes: a module of this repository run as `python -m` from its root, and the worker
+processes a job left behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.files import ROOT
+
+
+def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def leftovers(job_id: str) -> list[int]:
+    """Live processes whose environment names this job (every worker gets HARVEST_JOB)."""
+    out = []
+    marker = f"HARVEST_JOB={job_id}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in env and state != "Z":
+            out.append(int(pid))
+    return out

@@ -1,0 +1,102 @@
+"""The controller (core/controller.py) on the simulated dispatcher: leaves are vacated before
+anything else, the job limit and queue order, a finished job frees its slot, one solve per batch
+of events, cancellation."""
+from __future__ import annotations
+
+import pytest
+
+from core.clock import SimClock
+from core.controller import Controller, ControllerConfig
+from core.dispatchers.simulated import SimulatedDispatcher
+from core.model import Event, EventKind, JobState
+from tests.support.sim import T0, controller, job
+
+
+class Recording(SimulatedDispatcher):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def vacate(self, job, lost, now):
+        self.calls.append(("vacate", job.id, tuple(lost)))
+        super().vacate(job, lost, now)
+
+    def resize(self, job, nodes, now):
+        self.calls.append(("resize", job.id, len(nodes)))
+        super().resize(job, nodes, now)
+
+
+def test_leave_is_handled_before_anything_else():
+    nodes = [f"a01n{i:02d}" for i in range(1, 5)]
+    clock = SimClock(T0)
+    d = Recording()
+    ctl = Controller(d, clock, ControllerConfig(tfwd=1000), None, nodes)
+    ctl.start(nodes)
+    ctl.submit(job("J", hi=8))
+    ctl.step()
+    assert len(ctl.held["J"]) == 4
+    victim = ctl.held["J"][0]
+    d.calls.clear()
+    clock.advance_to(T0 + 60)
+    # a join listed first in the batch must not be planned before the leave is vacated
+    r = ctl.step([Event(T0 + 60, EventKind.NODE_JOIN, node="a02n01"),
+                  Event(T0 + 60, EventKind.NODE_LEAVE, node=victim)])
+    assert d.calls[0] == ("vacate", "J", (victim,))
+    assert victim not in ctl.held["J"] and victim not in ctl.owner
+    assert "a02n01" in ctl.held["J"] and r.events == 2
+    view = {n.name: n for n in ctl.nodes()}
+    assert view[victim].state.value == "busy" and view[victim].job is None
+    assert view[victim].since == T0 + 60 and view[ctl.held["J"][0]].job == "J"
+    alloc = ctl.last_allocation
+    assert alloc.time == T0 + 60 and alloc.assignment["J"] == ctl.held["J"]
+    assert ctl.counters.solves == 2 and ctl.counters.preemptions == 1
+
+
+def test_max_jobs_fcfs_and_priority_queue():
+    nodes = [f"a01n{i:02d}" for i in range(1, 9)]
+    for queue, expect in (("fcfs", ["A", "B"]), ("priority", ["C", "B"])):
+        ctl, clock = controller(nodes, ControllerConfig(max_jobs=2, queue=queue, tfwd=1000))
+        ctl.submit(job("A", submit=T0, prio=1))
+        ctl.submit(job("B", submit=T0 + 1, prio=5))
+        ctl.submit(job("C", submit=T0 + 2, prio=9))
+        r = ctl.step()
+        assert sorted(ctl.running) == sorted(expect) and r.running == 2 and r.queued == 1
+        assert sum(len(v) for v in ctl.held.values()) == 8
+
+
+def test_job_finishes_and_frees_its_slot():
+    nodes = [f"a01n{i:02d}" for i in range(1, 5)]
+    ctl, clock = controller(nodes, ControllerConfig(max_jobs=1, tfwd=1000))
+    ctl.submit(job("A", total=35_000))
+    ctl.submit(job("B", submit=T0 + 1))
+    ctl.step()
+    assert list(ctl.running) == ["A"] and len(ctl.held["A"]) == 4
+    t = ctl.dispatcher.next_event_time(clock.now())
+    clock.advance_to(t)
+    ctl.step(ctl.dispatcher.poll(t))
+    a = ctl.jobs["A"]
+    assert a.state is JobState.DONE and a.samples_done == 35_000 and a.end_time == pytest.approx(T0 + 100)
+    assert list(ctl.running) == ["B"] and len(ctl.held["B"]) == 4
+    assert ctl.counters.jobs_finished == 1
+
+
+def test_events_of_one_batch_cost_one_solve():
+    nodes = [f"a01n{i:02d}" for i in range(1, 5)]
+    ctl, clock = controller(nodes[:1], ControllerConfig(tfwd=1000))
+    ctl.submit(job("A", hi=8))
+    ctl.step()
+    clock.advance_to(T0 + 10)
+    ctl.step([Event(T0 + 10, EventKind.NODE_JOIN, node=n) for n in nodes[1:]])
+    assert ctl.counters.solves == 2 and len(ctl.held["A"]) == 4
+
+
+def test_cancel_releases_nodes():
+    nodes = [f"a01n{i:02d}" for i in range(1, 5)]
+    ctl, clock = controller(nodes, ControllerConfig(tfwd=1000))
+    ctl.submit(job("A"))
+    ctl.step()
+    ctl.cancel("A")
+    ctl.step()
+    assert ctl.jobs["A"].state is JobState.CANCELLED and not ctl.owner and not ctl.running
+    with pytest.raises(ValueError):
+        ctl.submit(job("A"))

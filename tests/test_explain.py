@@ -1,0 +1,25 @@
+"""The plain-words explanation of an allocation (core/explain.py)."""
+from __future__ import annotations
+
+from core.explain import why
+from core.model import Curve, Job, JobState
+
+
+def _job(**kw):
+    base = dict(id="J", min_nodes=2, max_nodes=16, total_samples=1e9,
+                curve=Curve((1, 2, 4, 8, 16), (100, 200, 390, 500, 520)), scale_up_seconds=18,
+                scale_down_seconds=12, state=JobState.RUNNING)
+    base.update(kw)
+    return Job(**base)
+
+
+def test_why_says_what_holds_a_job_back():
+    assert why(_job(state=JobState.QUEUED), 0, 50, 50, 10, 10, 10, queue_position=3).startswith(
+        "queued: 10 jobs already running (at most 10 at once), number 3")
+    assert why(_job(), 16, 100, 40, 3, 10, 10) == "holds 16 nodes: its maximum"
+    line = why(_job(), 8, 100, 20, 3, 10, 10)     # 80 free nodes, but 8 -> 16 adds 20 samples/s only
+    assert line.startswith("holds 8 nodes: growing to 16 adds 20 samples/s") and "18 s rescale pause" in line
+    assert "all 30 idle nodes are in use" in why(_job(), 4, 30, 30, 3, 10, 10)
+    assert why(_job(), 0, 0, 0, 3, 10, 10) == "waiting: no node is idle"
+    assert "needs at least 2 nodes" in why(_job(), 0, 10, 9, 3, 10, 10)
+    assert why(_job(state=JobState.DONE, end_time=0.0), 0, 10, 9, 3, 10, 10).startswith("done at 1970-01-01")
