@@ -30,7 +30,7 @@ class ReplayHarvester(Harvester):
                  tick_s: float = 0.5, fresh: bool = False) -> None:
         super().__init__(db, tick_s, fresh)
         self.settings = settings
-        self._speed = check_speed(speed)
+        self._speed = float(speed)                 # checked in HarvesterSettings
         self._loading: Optional[threading.Thread] = None
 
     @property
