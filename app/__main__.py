@@ -32,7 +32,7 @@ FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default="127.0.0.1", help="where the dashboard listens (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8050)
     ap.add_argument("--db", type=Path, default=Path("harvest.db"), help="SQLite store (default: harvest.db)")
     ap.add_argument("--fresh", action="store_true", help="start a new run even if --db holds one")
@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
     live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
     live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
+    live.add_argument("--advertise", default="", metavar="HOST",
+                      help="live: this host's address as the nodes reach it: the pilot hub, every job's "
+                           "store and the progress reports use it (default 127.0.0.1: nodes on this host)")
+    live.add_argument("--bind", default="", metavar="HOST",
+                      help="live: where the servers for the nodes listen (default: --advertise)")
+    live.add_argument("--worker-env", default="", metavar="NAME,...",
+                      help="live: variables of this process that workers also get (a site's, e.g. "
+                           "LD_LIBRARY_PATH); workers otherwise inherit only PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR")
     live.add_argument("--profile-sizes", type=int, default=3,
                       help="live: sizes the profiler measures each new job at, whatever it costs (default 3; "
                            "0: only where learning pays)")
@@ -109,11 +117,25 @@ def live_settings(args) -> dict:
     config = {k: given[k] for k in CONFIG_KEYS if given[k] is not None}
     live = {"source": args.source, "dispatch": args.dispatch, "local_nodes": args.local_nodes,
             "inventory": args.nodes, "ssh_config": args.ssh_config, "workdir": args.workdir,
-            "report_url": f"http://{args.host}:{args.port}/api/workers", "profiler": not args.no_profiler,
-            "profile_sizes": args.profile_sizes, "config": config}
+            "advertise": args.advertise, "bind": args.bind,
+            "worker_env": tuple(n.strip() for n in args.worker_env.split(",") if n.strip()),
+            "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
+            "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def listen_on(args, settings: HarvesterSettings) -> str:
+    """waitress's `listen`: the dashboard's --host, and where the nodes' workers report (live)."""
+    hosts = [args.host]
+    if settings.live is not None and settings.live.advertise:
+        hosts.append(settings.live.bind_host)
+    return " ".join(f"{url_host(h)}:{args.port}" for h in dict.fromkeys(hosts))
 
 
 def settings_from(args) -> HarvesterSettings:
@@ -171,7 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
     try:
-        serve(app.server, host=args.host, port=args.port, threads=args.threads, ident="harvester")
+        serve(app.server, listen=listen_on(args, settings), threads=args.threads, ident="harvester")
     except KeyboardInterrupt:
         pass
     finally:

@@ -4,7 +4,10 @@ idle nodes held by pilot jobs, with workers inside the pilots). The CLI, the rep
 benchmarks and the tests only parse their input into settings and call `build`."""
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import Optional, Sequence
 
 from .dispatchers.base import Dispatcher
@@ -13,7 +16,7 @@ from .dispatchers.workers import WorkerDispatcher
 from .errors import SettingsError
 from .inventory import load_inventory, local_nodes
 from .service import Harvester, LiveHarvester, ReplayHarvester
-from .settings import HarvesterSettings, LiveSettings
+from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
 from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
@@ -44,7 +47,7 @@ def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Opt
         from .slurm.cli import SlurmUnavailable
         from .slurm.source import SlurmSource
         try:
-            source = SlurmSource(live.slurm)
+            source = SlurmSource(hub_settings(live))
         except SlurmUnavailable as e:
             raise SettingsError("", f"cannot read Slurm: {e}") from None
         except SettingsError as e:
@@ -54,16 +57,56 @@ def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Opt
     return StaticSource([n.name for n in specs]), specs, None
 
 
+def hub_settings(live: LiveSettings) -> SlurmSettings:
+    """The Slurm settings with the one address story applied: pilots dial `advertise`, and the
+    hub listens on `bind` (or the advertised address) unless the Slurm options said otherwise."""
+    s = live.slurm
+    if not (live.advertise or live.bind):
+        return s
+    hub_host = live.bind_host if s.hub_host == SlurmSettings.hub_host else s.hub_host
+    return replace(s, hub_host=hub_host, advertise=s.advertise or live.dial_host)
+
+
 def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                    hub: Optional[PilotHub] = None) -> Dispatcher:
     """What runs the jobs. Worker logs and checkpoints go beside the store (`DB.workers/`)."""
     if live.dispatcher == "simulated" or (live.source == "slurm" and hub is None):
         return SimulatedDispatcher()          # a Slurm dry run never offers a node
+    transport = transport_for(live.dispatcher, live.ssh_config, hub)
+    try:
+        check_addresses(live, transport, nodes)
+    except SettingsError:
+        transport.close()
+        raise
     w = live.workers
-    return WorkerDispatcher(transport_for(live.dispatcher, live.ssh_config, hub), nodes,
-                            Path(str(db) + ".workers"), report_base=live.report_url, workdir=live.workdir,
+    return WorkerDispatcher(transport, nodes, Path(str(db) + ".workers"), report_base=live.report_url,
+                            workdir=live.workdir, coordinator_host=live.dial_host,
+                            coordinator_bind=live.bind_host, worker_env=live.worker_env,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s)
+
+
+def check_addresses(live: LiveSettings, transport: Transport, nodes: Sequence[NodeSpec]) -> None:
+    """Refuse a loopback address for the harvester when a node is on another host: a worker
+    there would dial its own loopback for its job's store and reports, and no job would train."""
+    ours = [live.dial_host] + ([urlparse(live.report_url).hostname or ""] if live.report_url else [])
+    if not any(is_loopback(h) for h in ours):
+        return
+    remote = [n.name for n in nodes if (h := transport.host_of(n)) is not None and not is_loopback(h)]
+    if remote:
+        shown = ", ".join(remote[:3]) + (f" and {len(remote) - 3} more" if len(remote) > 3 else "")
+        raise SettingsError("live.advertise", f"{shown} run on other hosts, which would dial their own "
+                                              "loopback for the jobs' stores and progress reports: set "
+                                              "{live.advertise} to this host's address on their network")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def transport_for(kind: str, ssh_config: Optional[Path] = None, hub=None) -> Transport:

@@ -5,6 +5,7 @@ benchmarks, the tests) puts its input into `HarvesterSettings.parse(...)` and ha
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -16,6 +17,7 @@ from .jpa import JPAConfig
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from .slurm.settings import SlurmSettings, split_list
+from .transports.base import ENV_NAME
 
 #: the choices and defaults front ends offer, from where they are defined
 __all__ = ["CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE_ORDERS", "SPEED_MAX",
@@ -23,6 +25,8 @@ __all__ = ["CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE
            "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "split_list"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
+#: a host name or an IPv4/IPv6 address (no port, no spaces)
+HOST = re.compile(r"^[A-Za-z0-9_.:-]+$")
 Dispatch = Literal["simulated", "local", "ssh", "pilot"]
 
 
@@ -74,6 +78,9 @@ class LiveSettings(_Settings):
     ssh_config: Optional[Path] = None
     workdir: str = ""                            # workers' working directory on the nodes
     report_url: Optional[str] = None             # where workers post progress (the app's /api/workers)
+    advertise: str = ""                          # the address nodes reach this host at: hub, stores, reports
+    bind: str = ""                               # where those servers listen (default: advertise)
+    worker_env: tuple[str, ...] = ()             # this process's variables workers also get (a site's)
     profiler: bool = True                        # learn curves on real workers (else take them as given)
     profile_sizes: int = 3                       # sizes a new job is measured at whatever it costs
     config: ControllerConfig = ControllerConfig()
@@ -85,6 +92,24 @@ class LiveSettings(_Settings):
     def _at_least_one(cls, v: Optional[int]) -> Optional[int]:
         if v is not None and v < 1:
             raise SettingsError("", "must be at least 1")
+        return v
+
+    @field_validator("advertise", "bind")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        v = v.strip()
+        if v and not HOST.match(v):
+            raise SettingsError("", f"give a host name or an IP address, not {v!r}")
+        return v
+
+    @field_validator("worker_env")
+    @classmethod
+    def _env_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not ENV_NAME.match(name):
+                raise SettingsError("", f"{name!r} is not an environment variable name")
+            if name.startswith("HARVEST_"):
+                raise SettingsError("", f"{name}: the harvester's own variables never go to workers")
         return v
 
     @field_validator("profile_sizes")
@@ -115,6 +140,16 @@ class LiveSettings(_Settings):
         if self.dispatch == "ssh" and self.inventory is None:
             raise SettingsError("inventory", "{dispatch} ssh needs a node file (hostname, ssh target, slots)")
         return self
+
+    @property
+    def dial_host(self) -> str:
+        """The address nodes dial for the pilot hub, the jobs' stores and progress reports."""
+        return self.advertise or "127.0.0.1"
+
+    @property
+    def bind_host(self) -> str:
+        """Where the harvester's servers for the nodes listen (one interface, not all)."""
+        return self.bind or self.dial_host
 
     @property
     def dispatcher(self) -> Dispatch:

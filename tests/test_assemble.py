@@ -55,15 +55,37 @@ def test_live_harvesters_get_the_source_and_dispatcher_their_settings_name(tmp_p
 def test_ssh_workers_come_from_the_inventory(tmp_path):
     inventory = tmp_path / "nodes.txt"
     inventory.write_text("n1 alice@10.0.0.1\nn2 alice@10.0.0.2 2\n")
-    h = built(tmp_path, live={"dispatch": "ssh", "inventory": inventory, "ssh_config": tmp_path / "ssh_config"})
+    (tmp_path / "ssh_config").write_text("")
+    h = built(tmp_path, live={"dispatch": "ssh", "inventory": inventory, "ssh_config": tmp_path / "ssh_config",
+                              "advertise": "10.0.0.254"})
     try:
         assert isinstance(h.dispatcher.transport, SshTransport)
         assert h.source.node_names() == ["n1", "n2"] and sorted(h.dispatcher.specs) == ["n1", "n2"]
+        assert h.dispatcher.coordinator_host == "10.0.0.254" == h.dispatcher.coordinator_bind
     finally:
         h.dispatcher.close()
     inventory.write_text("n1 alice@10.0.0.1\nn1 alice@10.0.0.2\n")
     with pytest.raises(InputError):
         built(tmp_path, live={"dispatch": "ssh", "inventory": inventory})
+
+
+def test_remote_nodes_refuse_a_loopback_address(tmp_path):
+    """ssh -G resolves each node's target (aliases of the ssh config included; nothing is sent):
+    a node on another host would dial its own loopback for its job's store and reports."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host far\n  HostName 10.0.0.7\nHost near\n  HostName 127.0.0.1\n")
+    inventory = tmp_path / "nodes.txt"
+    inventory.write_text("a near\nb far\n")
+    live = {"dispatch": "ssh", "inventory": inventory, "ssh_config": config}
+    with pytest.raises(SettingsError) as e:
+        built(tmp_path, live=live)
+    assert e.value.field == "live.advertise" and e.value.message.startswith("b run on other hosts")
+    with pytest.raises(SettingsError):     # the report URL is an address of the nodes too
+        built(tmp_path, live={**live, "advertise": "10.0.0.254", "report_url": "http://127.0.0.1:8050/api/workers"})
+    h = built(tmp_path, live={**live, "advertise": "10.0.0.254", "report_url": "http://10.0.0.254:8050/api/workers"})
+    h.dispatcher.close()
+    inventory.write_text("a near\n")
+    built(tmp_path, live=live).dispatcher.close()
 
 
 def test_a_slurm_that_cannot_be_read_is_a_clear_error(tmp_path):

@@ -57,10 +57,29 @@ def test_the_same_rules_hold_however_the_settings_are_built():
     ({"source": "slurm", "local_nodes": 3}, "live.source", "leave out"),
     ({"source": "slurm", "slurm": {"max_pilots": 0}}, "live.slurm.max_pilots", "whole number"),
     ({"source": "pbs"}, "live.source", ""),
+    ({"dispatch": "local", "local_nodes": 2, "advertise": "10.0.0.1 rm"}, "live.advertise", "host name"),
+    ({"dispatch": "local", "local_nodes": 2, "bind": "a/b"}, "live.bind", "host name"),
+    ({"dispatch": "local", "local_nodes": 2, "worker_env": ["LD_LIBRARY_PATH", "1X"]}, "live.worker_env", "not an environment"),
+    ({"dispatch": "local", "local_nodes": 2, "worker_env": ["HARVEST_SECRET_KEY"]}, "live.worker_env", "never go to workers"),
 ])
 def test_live_settings_that_do_not_fit_together_are_refused(live, path, words):
     e = error_of({"live": live})
     assert e.field == path and words in e.message, (e.field, e.message)
+
+
+def test_one_address_for_the_nodes():
+    live = LiveSettings(dispatch="local", local_nodes=2)
+    assert live.dial_host == live.bind_host == "127.0.0.1"
+    live = LiveSettings(dispatch="local", local_nodes=2, advertise="10.9.8.1")
+    assert live.dial_host == live.bind_host == "10.9.8.1"
+    live = LiveSettings(dispatch="local", local_nodes=2, advertise="head01", bind="0.0.0.0")
+    assert (live.dial_host, live.bind_host) == ("head01", "0.0.0.0")
+    args = build_parser().parse_args(["--dispatch", "ssh", "--nodes", "n.txt", "--advertise", "10.9.8.1",
+                                      "--port", "9000", "--worker-env", "LD_LIBRARY_PATH, NCCL_DEBUG"])
+    s = settings_from(args)
+    assert s.live.report_url == "http://10.9.8.1:9000/api/workers", "workers report to the advertised address"
+    assert s.live.worker_env == ("LD_LIBRARY_PATH", "NCCL_DEBUG")
+    assert flag("live.advertise") == "--advertise" and flag("live.worker_env") == "--worker-env"
 
 
 def test_the_profiler_runs_only_on_real_workers():

@@ -91,3 +91,39 @@ def test_a_job_whose_workers_keep_crashing_fails_with_its_log(live):
         "select detail from events where job = ? and kind = 'job_failed'", (job.id,)).fetchone()
     assert detail and "boom: no such dataset" in detail[0], detail
     wait(lambda: not leftovers(job.id), 10, "no worker left")
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+
+
+def test_workers_get_an_allowlisted_environment(tmp_path, monkeypatch):
+    """A worker inherits PATH, HOME, LANG/LC_* and what the site lists, plus its own job's
+    variables: never the harvester's secrets, nor another job's token."""
+    secrets = {"HARVEST_SECRET_KEY": "s3cret-key", "HARVEST_PILOT_TOKEN": "pilot-tok", "AWS_SECRET_ACCESS_KEY": "aws"}
+    for k, v in {**secrets, "SITE_LIBS": "/opt/site/lib", "LC_ALL": "C.UTF-8"}.items():
+        monkeypatch.setenv(k, v)
+    h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
+        "dispatch": "local", "local_nodes": 2, "profiler": False, "worker_env": ["SITE_LIBS"]}}))
+    h.open()
+    try:
+        spec = dict(min_nodes=1, max_nodes=1, total_samples=GLOBAL_BATCH * 10**6, curve="1:100",
+                    global_batch=GLOBAL_BATCH, command=[sys.executable, str(ROOT / "examples" / "digits_cnn.py"),
+                                                        "--log-every", "1000000", "--step-seconds", "0.05"])
+        jobs = [h.submit(JobSpec(name=f"env{i}", **spec), "alice") for i in range(2)]
+        pids = {j.id: wait(lambda j=j: leftovers(j.id), 60, f"the worker of {j.id}") for j in jobs}
+        envs = {jid: environ_of(p[0]) for jid, p in pids.items()}
+        for jid, env in envs.items():
+            leaked = {k for k in env if k in secrets} | {k for k, v in env.items() if v in secrets.values()}
+            assert not leaked, f"the worker of {jid} got the harvester's {sorted(leaked)}"
+            assert env["SITE_LIBS"] == "/opt/site/lib" and env["LC_ALL"] == "C.UTF-8" and "PATH" in env
+            assert env["HARVEST_JOB"] == jid and env["HARVEST_TOKEN"]
+        a, b = (envs[j.id] for j in jobs)
+        assert a["HARVEST_TOKEN"] != b["HARVEST_TOKEN"]
+        assert b["HARVEST_TOKEN"] not in a.values() and a["HARVEST_TOKEN"] not in b.values()
+        for j in jobs:
+            h.cancel(j.id)
+        wait(lambda: not any(leftovers(j.id) for j in jobs), 30, "the workers gone")
+    finally:
+        h.close()

@@ -22,6 +22,7 @@ new size) a rescale-cost sample.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -59,7 +60,8 @@ class _Run:
 class WorkerDispatcher(Dispatcher):
     def __init__(self, transport: Transport, nodes: Sequence[NodeSpec], logdir: Path,
                  report_base: Optional[str] = None, workdir: str = "", pythonpath: Optional[str] = str(ROOT),
-                 coordinator_host: str = "127.0.0.1", stop_grace_s: float = 5.0,
+                 coordinator_host: str = "127.0.0.1", coordinator_bind: Optional[str] = None,
+                 worker_env: Sequence[str] = (), stop_grace_s: float = 5.0,
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0) -> None:
         self.transport = transport
@@ -69,7 +71,9 @@ class WorkerDispatcher(Dispatcher):
         self.report_base = report_base.rstrip("/") if report_base else None
         self.workdir = workdir
         self.pythonpath = pythonpath
-        self.coordinator_host = coordinator_host
+        self.coordinator_host = coordinator_host      # the address workers dial for the job's store
+        self.coordinator_bind = coordinator_bind      # where the store listens (None: torch's default)
+        self.worker_env = tuple(worker_env)           # names of this process's variables workers get
         self.stop_grace_s = stop_grace_s
         self.vacate_grace_s = vacate_grace_s
         self.max_crashes = max_crashes
@@ -224,7 +228,8 @@ class WorkerDispatcher(Dispatcher):
             token = secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
             ckpt = self.logdir / job.id / "checkpoint"
-            extra = {ENV_CHECKPOINT_DIR: str(ckpt), "OMP_NUM_THREADS": "1"}
+            extra = {k: os.environ[k] for k in self.worker_env if k in os.environ}
+            extra.update({ENV_CHECKPOINT_DIR: str(ckpt), "OMP_NUM_THREADS": "1"})
             if self.pythonpath:
                 extra["PYTHONPATH"] = self.pythonpath
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),

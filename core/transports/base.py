@@ -23,6 +23,10 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 #: environment variable names accepted by `start` (what a POSIX shell can export)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: all a worker inherits from the process that starts it (the harvester, or a pilot): nothing
+#: that could hold a secret; a site adds names (`LiveSettings.worker_env`, `--worker-env`)
+WORKER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+WORKER_ENV_PREFIXES = ("LC_",)
 #: what `stop` reports
 STOP_GONE, STOP_TERM, STOP_KILL, STOP_LOST = "gone", "term", "kill", "lost"
 
@@ -99,6 +103,12 @@ def check_start_args(node: NodeSpec, argv: Sequence[str], env: Mapping[str, str]
             raise ValueError(f"{node.name}: NUL byte in the value of {k}")
 
 
+def inherited_env(environ: Mapping[str, str], allow: Iterable[str] = ()) -> dict[str, str]:
+    """The part of `environ` a worker may see: WORKER_ENV, LC_*, and the names in `allow`."""
+    names = set(WORKER_ENV) | set(allow)
+    return {k: v for k, v in environ.items() if k in names or k.startswith(WORKER_ENV_PREFIXES)}
+
+
 class Transport(ABC):
     """Run processes on nodes. Thread-safe: the dispatcher may call it from several threads
     (e.g. one per node when vacating many nodes at once)."""
@@ -111,10 +121,15 @@ class Transport(ABC):
         """Start `argv` (exec'd directly, never through a shell: every item arrives as one
         literal argument) detached from the caller, in `workdir` ('' = the login directory /
         the caller's cwd; a relative one is relative to those), with `env` added to the node's
-        normal environment, stdout+stderr truncated into `log_path` (absolute; its directory is
+        normal environment (locally: only `inherited_env` of the caller's, never its secrets),
+        stdout+stderr truncated into `log_path` (absolute; its directory is
         created). Returns as soon as the PID is
         known. Raises StartError when the command or workdir does not exist, TransportError
         when the node cannot be reached, ValueError for arguments exec() cannot carry."""
+
+    def host_of(self, node: NodeSpec) -> Optional[str]:
+        """The host a worker for `node` runs on, as this host would name it; None: not known."""
+        return None
 
     def alive_many(self, handles: Iterable[Handle]) -> dict[Handle, Optional[bool]]:
         """Whether each worker (its group leader) still runs; a zombie counts as dead. One

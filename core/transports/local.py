@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport,
-                   check_start_args)
+                   check_start_args, inherited_env)
 
 _POLL_S = 0.02
 _KILL_WAIT_S = 5.0
@@ -101,6 +101,9 @@ class LocalTransport(Transport):
         self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
         self._lock = threading.Lock()
 
+    def host_of(self, node: NodeSpec) -> Optional[str]:
+        return "127.0.0.1"
+
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
               log_path: str) -> Handle:
         argv, env = list(argv), dict(env)
@@ -108,7 +111,7 @@ class LocalTransport(Transport):
         try:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=workdir or None,
+                proc = subprocess.Popen(argv, env={**inherited_env(os.environ), **env}, cwd=workdir or None,
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=self._preexec)

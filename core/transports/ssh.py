@@ -122,6 +122,21 @@ class SshTransport(Transport):
         self._lock = threading.Lock()
         self._closed = False
 
+    def host_of(self, node: NodeSpec) -> Optional[str]:
+        """The host ssh connects to for `node`, after aliases and the config (`ssh -G`: nothing
+        is sent)."""
+        _check_target(node)
+        try:
+            r = subprocess.run([*self._base, "-G", "--", node.target], capture_output=True, text=True,
+                               timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+        for line in r.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname":
+                return value.strip()
+        return None
+
     # ---- one ssh call ----------------------------------------------------------------------
     def _target(self, target: str) -> _Target:
         with self._lock:
