@@ -4,6 +4,7 @@ the head node's address and the other nodes', and leaves nothing behind when tor
 after a failure, and after a crashed run). Real namespaces, sshd and sockets, no mocks."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import pytest
 
 from core.inventory import load_inventory
 from core.transports import SshTransport
-from tests.support.netns import NetnsCluster, cleanup_leftovers, links, namespaces, netns_pids
+from tests.support.netns import (NetnsCluster, alive, cleanup_leftovers, kill_pids, links, namespaces,
+                                 netns_pids)
 from tests.support.waiting import wait
 
 #: connect to argv[1]:argv[2], send argv[3]; prints "connected <our address>" or "failed <error>"
@@ -159,27 +161,37 @@ def test_the_inventory_reaches_the_nodes_through_the_harvesters_ssh_transport(ne
             assert r.stdout.decode().split() == [c.nodes[node.name]]
 
 
+def net_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
 def test_teardown_removes_namespaces_links_and_every_process(tmp_path: Path):
-    with NetnsCluster(2, tmp_path) as c:
-        sleeper = c.popen("node1", ["sleep", "300"])
-        r = c.ssh("node2", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $!")
-        assert r.returncode == 0, r.stderr
-        detached = int(r.stdout)
-        r = c.run("node1", ["sh", "-c", "setsid sleep 302 </dev/null >/dev/null 2>&1 & echo $!"])
-        assert r.returncode == 0, r.stderr
-        started = [p for name in c.nodes for p in c.pids(name)]
-        sshds = [s.proc.pid for s in c.sshd.values()]
-        assert sleeper.pid in started and set(sshds) <= set(started) and len(started) >= 5, started
-        tag, nss = c.tag, list(c.namespaces.values())
-        assert len(names_of(tag)) == 2 + 1 + 2  # namespaces, bridge, root-side veths
-        assert c.sshd["node2"].stop() == [detached]  # a node's sshd kills what its sessions left
-        assert c.sshd["node1"].stop() == []
-    assert names_of(tag) == []
-    assert not set(nss) & set(namespaces())
-    assert [p for p in started if Path(f"/proc/{p}").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"] == []
-    assert sleeper.poll() is not None
-    assert c.leftovers() == []
+    started: dict[int, str] = {}  # pid -> its network namespace, so a reused pid is never killed
+    try:
+        with NetnsCluster(2, tmp_path) as c:
+            sleeper = c.popen("node1", ["sleep", "300"])
+            r = c.ssh("node2", "setsid sleep 301 </dev/null >/dev/null 2>&1 & echo $!")
+            assert r.returncode == 0, r.stderr
+            detached = int(r.stdout)
+            r = c.run("node1", ["sh", "-c", "setsid sleep 302 </dev/null >/dev/null 2>&1 & echo $!"])
+            assert r.returncode == 0, r.stderr
+            started = {p: net_namespace(p) for name in c.nodes for p in c.pids(name)}
+            sshds = [s.proc.pid for s in c.sshd.values()]
+            assert {sleeper.pid, detached, int(r.stdout), *sshds} <= set(started), started
+            tag, nss = c.tag, list(c.namespaces.values())
+            assert len(names_of(tag)) == 2 + 1 + 2  # namespaces, bridge, root-side veths
+            assert c.sshd["node2"].stop() == [detached]  # a node's sshd kills what its sessions left
+            assert c.sshd["node1"].stop() == []
+        assert names_of(tag) == []
+        assert not set(nss) & set(namespaces())
+        assert [p for p in started if alive(p)] == []
+        assert sleeper.poll() is not None
+        assert c.leftovers() == []
+    finally:
+        kill_pids([p for p, ns in started.items() if alive(p) and net_namespace(p) == ns])
 
 
 def test_teardown_also_runs_when_the_test_body_fails(tmp_path: Path):
@@ -195,12 +207,12 @@ def test_teardown_also_runs_when_the_test_body_fails(tmp_path: Path):
 def test_leftovers_of_a_crashed_run_are_removed_and_a_live_runs_are_not(tmp_path: Path):
     dead_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     crashed, live = f"hv{dead_pid}z", "hv1z"  # no process has pid_max + 1; pid 1 is always alive
-    made = []
+    made, stray = [], None
     try:
         for tag in (crashed, live):
+            made.append(tag)
             subprocess.run(["ip", "link", "add", f"{tag}-br", "type", "bridge"], check=True)
             subprocess.run(["ip", "netns", "add", f"{tag}-n1"], check=True)
-            made.append(tag)
             subprocess.run(["ip", "link", "add", f"{tag}-h1", "type", "veth", "peer", "name", "eth0",
                             "netns", f"{tag}-n1"], check=True)
             subprocess.run(["ip", "link", "set", f"{tag}-h1", "master", f"{tag}-br"], check=True)
@@ -212,6 +224,9 @@ def test_leftovers_of_a_crashed_run_are_removed_and_a_live_runs_are_not(tmp_path
         assert stray.wait(10) == -9
         assert sorted(names_of(live)) == sorted([f"{live}-n1", f"{live}-br", f"{live}-h1"])
     finally:
+        if stray is not None and stray.poll() is None:
+            stray.kill()
+            stray.wait(10)
         for tag in made:
             subprocess.run(["ip", "link", "del", f"{tag}-h1"], capture_output=True)
             subprocess.run(["ip", "link", "del", f"{tag}-br"], capture_output=True)

@@ -100,7 +100,8 @@ def netns_pids(netns: str) -> list[int]:
     return [int(p) for p in r.stdout.split() if p.isdigit()] if r.returncode == 0 else []
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """A process with this PID exists and is no zombie."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
@@ -115,7 +116,7 @@ def kill_pids(pids: Sequence[int], timeout: float = 5.0) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
