@@ -28,6 +28,7 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+	@test -x /usr/sbin/ip || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 	@test -x /usr/sbin/slurmctld || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest

@@ -1,6 +1,7 @@
 """Fixtures shared by every test module: small trace and job-set files written into the test's
-own folder, and (imported here so every module sees it) the session's loopback sshd. Helpers
-that are not fixtures live in tests/support/."""
+own folder, and (imported here so every module sees them) the session's loopback sshd and the
+module's cluster of test hosts in network namespaces. Helpers that are not fixtures live in
+tests/support/."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.files import write_jobset, write_trace
+from tests.support.netns import netns_cluster  # noqa: F401  (3 hosts in network namespaces, per module that asks)
 from tests.support.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)
 
 

@@ -4,7 +4,12 @@
 makes a host key and a client key in `dir`, starts `sshd -D` as the current user's server on
 127.0.0.1 and writes an ssh client config in which the Host aliases node0..node3 all reach it
 (and `node-dead` reaches a closed port). `SshdServer.stop()` stops it by PID and kills whatever
-its sessions left running (found by their SSH_CONNECTION, which names this server's port).
+its sessions left running (found by their SSH_CONNECTION, which names this server's address and
+port).
+
+`start_node_sshd(...)` starts the same sshd inside a network namespace, bound to that node's
+address only (tests/support/netns.py starts one per node); `make_keys` and
+`write_client_config` are the parts both share.
 
 In a test module:  `from tests.support.sshd import sshd_server`  makes the session-scoped fixture
 available there (pytest collects fixtures from module globals).
@@ -19,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Optional, Sequence
 
 import pytest
 
@@ -35,13 +40,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_sshd() -> None:
+def ensure_sshd(strict: bool = False) -> None:
     """apt-get install openssh-server if sshd is missing (the package's own service is not
-    started: policy-rc.d in containers, and we never use it)."""
+    started: policy-rc.d in containers, and we never use it). Where it cannot be installed the
+    loopback tests skip, and with `strict` (the namespaced nodes) the test fails."""
     if os.path.exists(SSHD):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip(f"{SSHD} is missing and cannot be installed here (needs root and apt-get)")
+        reason = f"{SSHD} is missing and cannot be installed here (needs root and apt-get)"
+        if strict:
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", PACKAGE]):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -56,6 +65,71 @@ def _keygen(path: Path) -> None:
                    check=True, capture_output=True)
 
 
+@dataclass(frozen=True)
+class SshKeys:
+    """One host key for the server(s), one client key, and the authorized_keys that admits it."""
+    host_key: Path
+    key: Path
+    authorized: Path
+
+
+def make_keys(workdir: Path) -> SshKeys:
+    workdir.mkdir(parents=True, exist_ok=True)
+    host_key, key = workdir / "ssh_host_ed25519_key", workdir / "id_ed25519"
+    _keygen(host_key)
+    _keygen(key)
+    authorized = workdir / "authorized_keys"
+    authorized.write_text(Path(f"{key}.pub").read_text())
+    authorized.chmod(0o600)
+    return SshKeys(host_key, key, authorized)
+
+
+def current_user() -> str:
+    return os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+
+
+def write_sshd_config(workdir: Path, keys: SshKeys, address: str, port: int) -> Path:
+    """sshd_config for a server listening on `address`:`port` only, keys and pid file in `workdir`."""
+    cfg = workdir / "sshd_config"
+    cfg.write_text("\n".join([
+        f"ListenAddress {address}",
+        f"Port {port}",
+        f"HostKey {keys.host_key}",
+        f"AuthorizedKeysFile {keys.authorized}",
+        f"PidFile {workdir / 'sshd.pid'}",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "StrictModes no",
+        "UsePAM no",
+        "PrintMotd no",
+        "X11Forwarding no",
+        "AllowTcpForwarding no",
+        "MaxStartups 64",
+        "LogLevel VERBOSE",
+        "",
+    ]))
+    return cfg
+
+
+def write_client_config(path: Path, hosts: Sequence[tuple[Sequence[str], str, int]], user: str, key: Path,
+                        known_hosts: Optional[Path] = None) -> Path:
+    """An ssh client config with one `Host` block per (aliases, address, port). With `known_hosts`
+    the server's key is checked against that file; without, host keys are not checked at all
+    (StrictHostKeyChecking no, UserKnownHostsFile /dev/null) and the client never prompts."""
+    if known_hosts is not None:
+        checking = [f"  UserKnownHostsFile {known_hosts}", "  StrictHostKeyChecking accept-new"]
+    else:
+        checking = ["  UserKnownHostsFile /dev/null", "  StrictHostKeyChecking no", "  BatchMode yes"]
+    common = [f"  User {user}", f"  IdentityFile {key}", "  IdentitiesOnly yes", *checking, "  LogLevel ERROR", ""]
+    lines: list[str] = []
+    for aliases, address, port in hosts:
+        lines += [f"Host {' '.join(aliases)}", f"  HostName {address}", f"  Port {port}", *common]
+    path.write_text("\n".join(lines))
+    return path
+
+
 @dataclass
 class SshdServer:
     dir: Path
@@ -67,6 +141,8 @@ class SshdServer:
     user: str
     aliases: tuple[str, ...] = ALIASES
     dead_alias: str = DEAD
+    address: str = "127.0.0.1"
+    netns: Optional[str] = None  # the network namespace it runs in; None: this one
     _stopped: bool = field(default=False, repr=False)
 
     def ssh(self, alias: str, command: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -78,8 +154,9 @@ class SshdServer:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def session_pids(self) -> list[int]:
-        """Live processes started through this server (their SSH_CONNECTION ends in our port)."""
-        needle = f" 127.0.0.1 {self.port}".encode()
+        """Live processes started through this server (their SSH_CONNECTION ends in our address
+        and port)."""
+        needle = f" {self.address} {self.port}".encode()
         out = []
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -140,65 +217,59 @@ class SshdServer:
         return left
 
 
-def start_sshd(workdir: Path, timeout: float = 20) -> SshdServer:
-    ensure_sshd()
-    workdir.mkdir(parents=True, exist_ok=True)
-    host_key, key = workdir / "ssh_host_ed25519_key", workdir / "id_ed25519"
-    _keygen(host_key)
-    _keygen(key)
-    authorized = workdir / "authorized_keys"
-    authorized.write_text(Path(f"{key}.pub").read_text())
-    authorized.chmod(0o600)
-    port, dead_port = free_port(), free_port()
-    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-    cfg = workdir / "sshd_config"
-    cfg.write_text("\n".join([
-        "ListenAddress 127.0.0.1",
-        f"Port {port}",
-        f"HostKey {host_key}",
-        f"AuthorizedKeysFile {authorized}",
-        f"PidFile {workdir / 'sshd.pid'}",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",
-        "StrictModes no",
-        "UsePAM no",
-        "PrintMotd no",
-        "X11Forwarding no",
-        "AllowTcpForwarding no",
-        "MaxStartups 64",
-        "LogLevel VERBOSE",
-        "",
-    ]))
-    known = workdir / "known_hosts"
-    host_pub = Path(f"{host_key}.pub").read_text().split()
-    known.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
-    client = workdir / "ssh_config"
-    common = [f"  User {user}", f"  IdentityFile {key}", "  IdentitiesOnly yes",
-              f"  UserKnownHostsFile {known}", "  StrictHostKeyChecking accept-new",
-              "  LogLevel ERROR", ""]
-    client.write_text("\n".join([
-        f"Host {' '.join(ALIASES)}", "  HostName 127.0.0.1", f"  Port {port}", *common,
-        f"Host {DEAD}", "  HostName 127.0.0.1", f"  Port {dead_port}", *common,
-    ]))
+def _launch(argv: Sequence[str], server_args: Mapping, timeout: float) -> SshdServer:
+    """Start `argv` (ending in `sshd -D -f ... -E log`), return once its address accepts TCP."""
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
-    log = workdir / "sshd.log"
-    proc = subprocess.Popen([SSHD, "-D", "-f", str(cfg), "-E", str(log)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    server = SshdServer(workdir, port, proc, client, key, log, user)
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    server = SshdServer(proc=proc, **server_args)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with {proc.returncode}:\n{server.output()}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((server.address, server.port), timeout=1):
                 return server
         except OSError:
             time.sleep(0.05)
     server.stop()
     raise RuntimeError(f"sshd did not accept connections within {timeout} s:\n{server.output()}")
+
+
+def start_sshd(workdir: Path, timeout: float = 20) -> SshdServer:
+    ensure_sshd()
+    keys = make_keys(workdir)
+    port, dead_port = free_port(), free_port()
+    user = current_user()
+    cfg = write_sshd_config(workdir, keys, "127.0.0.1", port)
+    known = workdir / "known_hosts"
+    host_pub = Path(f"{keys.host_key}.pub").read_text().split()
+    known.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+    client = write_client_config(workdir / "ssh_config",
+                                 [(ALIASES, "127.0.0.1", port), ((DEAD,), "127.0.0.1", dead_port)],
+                                 user, keys.key, known_hosts=known)
+    log = workdir / "sshd.log"
+    return _launch([SSHD, "-D", "-f", str(cfg), "-E", str(log)],
+                   dict(dir=workdir, port=port, client_config=client, key=keys.key, log=log, user=user),
+                   timeout)
+
+
+def start_node_sshd(workdir: Path, keys: SshKeys, netns: str, address: str, client_config: Path,
+                    aliases: tuple[str, ...], port: int = 22, dead_alias: str = DEAD,
+                    timeout: float = 20) -> SshdServer:
+    """An sshd inside network namespace `netns`, listening on `address`:`port` only, admitting
+    `keys.key`. It gets SIGKILL if the thread that started it dies (a crashed test run leaves no
+    sshd; the namespace's cleanup kills what its sessions left)."""
+    ensure_sshd(strict=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = write_sshd_config(workdir, keys, address, port)
+    log = workdir / "sshd.log"
+    argv = ["setpriv", "--pdeathsig", "KILL", "--", "ip", "netns", "exec", netns,
+            SSHD, "-D", "-f", str(cfg), "-E", str(log)]
+    return _launch(argv, dict(dir=workdir, port=port, client_config=client_config, key=keys.key, log=log,
+                              user=current_user(), aliases=aliases, dead_alias=dead_alias, address=address,
+                              netns=netns), timeout)
 
 
 @pytest.fixture(scope="session")
