@@ -91,15 +91,15 @@ class AppProcess:
 
 
 def start_app(workdir: Path, *args: str, db: Optional[Path] = None, users: Optional[Path] = None,
-              timeout: float = 60) -> AppProcess:
-    """`python -m app --port <free> --db <workdir>/harvest.db --users <users> *args`, waiting
-    until /api/health answers."""
+              timeout: float = 60, env: Optional[dict[str, str]] = None) -> AppProcess:
+    """`python -m app --port <free> --db <workdir>/harvest.db --users <users> *args` (with `env`
+    added to this process's environment), waiting until /api/health answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     db = db or workdir / "harvest.db"
     users = users or write_users(workdir / "users.json")
     log = workdir / f"app-{port}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     env.pop("HARVEST_USERS", None)
     env.pop("HARVEST_USERS_FILE", None)
     fh = log.open("w")

@@ -1,0 +1,120 @@
+"""The acceptance path across real hosts: `python -m app --dispatch ssh --advertise HEAD` with three
+nodes in network namespaces, each at its own address with its own loopback and its own sshd. A
+job registered through the API grows 1 -> 3, shrinks on a staff reclaim, loses a worker to
+SIGKILL and finishes with exactly its total samples; its workers' store and report connections
+go to the advertised address (a node that dialled 127.0.0.1 would reach only itself)."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.support.procs import leftovers
+from tests.support.server import ROOT, start_app
+from tests.support.waiting import wait
+
+GLOBAL_BATCH = 64
+TOTAL = GLOBAL_BATCH * 1500
+NODES = ["node1", "node2", "node3"]
+
+
+def worker_pid(job_id: str, node: str):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"HARVEST_JOB={job_id}".encode() in env and f"HARVEST_NODE={node}".encode() in env:
+            return int(pid)
+    return None
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+
+
+def peers(cluster, node: str, pid=None) -> set[tuple[str, int]]:
+    """(address, port) of the TCP peers seen in `node`'s namespace, in any state; only those of
+    process `pid` when given (established connections carry their process)."""
+    argv = ["ss", "-tanpH"] if pid else ["ss", "-tanH"]
+    out = cluster.run(node, argv).stdout.splitlines()
+    found = set()
+    for line in out:
+        if pid and f"pid={pid}," not in line:
+            continue
+        cols = line.split()
+        if len(cols) >= 5:
+            host, _, port = cols[4].rpartition(":")
+            if port.isdigit():
+                found.add((host.strip("[]").removeprefix("::ffff:"), int(port)))   # v4 over a v6 socket
+    return found
+
+
+@pytest.fixture
+def app(tmp_path, netns_cluster):
+    inventory = netns_cluster.write_inventory(tmp_path / "nodes.txt")
+    proc = start_app(tmp_path, "--fresh", "--dispatch", "ssh", "--nodes", str(inventory),
+                     "--ssh-config", str(netns_cluster.ssh_config), "--advertise", netns_cluster.head,
+                     "--worker-env", "GLOO_SOCKET_IFNAME", "--tick", "0.1", "--workdir", str(ROOT),
+                     "--no-profiler", env={"GLOO_SOCKET_IFNAME": "eth0"})   # the nodes' own interface
+    yield proc
+    proc.stop()
+
+
+def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app, netns_cluster):
+    cluster, head = netns_cluster, netns_cluster.head
+    staff, alice = app.token("staff1"), app.token("alice")
+    node = lambda n, cmd: app.request("POST", f"/api/nodes/{n}/{cmd}", token=staff)
+    for n in NODES[1:]:
+        assert node(n, "reclaim")[0] == 200
+    status, job = app.request("POST", "/api/jobs", {
+        "name": "digits across hosts", "min_nodes": 1, "max_nodes": 3, "total_samples": TOTAL,
+        "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0,
+        "global_batch": GLOBAL_BATCH, "command": [sys.executable, "examples/digits_cnn.py", "--seed", "3",
+                                                  "--step-seconds", "0.03"]}, token=alice)
+    assert status == 201, job
+    jid = job["id"]
+    get = lambda: app.get(f"/api/jobs/{jid}")[1]
+    workers = lambda: get().get("workers") or {}
+    world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping"))
+    wait(world(1), 90, "1 node", workers)
+    for n in NODES[1:]:
+        assert node(n, "release")[0] == 200
+    wait(world(3), 120, "growth to 3", workers)
+
+    app_port = urlparse(app.url).port
+    for n in NODES:
+        pid = worker_pid(jid, n)
+        assert pid in cluster.pids(n), f"the worker of {n} runs in {n}'s namespace"
+        env = environ_of(pid)
+        store_host, _, store_port = env["HARVEST_STORE"].rpartition(":")
+        assert store_host == head, env["HARVEST_STORE"]
+        assert urlparse(env["HARVEST_REPORT_URL"]).hostname == head, env["HARVEST_REPORT_URL"]
+        wait(lambda: (head, int(store_port)) in peers(cluster, n, pid), 10,
+             f"{n}'s worker connected to the store at {head}:{store_port}", lambda: peers(cluster, n, pid))
+    wait(lambda: [n for n in NODES if (head, app_port) in peers(cluster, n)], 30,     # rank 0 reports
+         f"progress reports from a node to {head}:{app_port}", lambda: {n: peers(cluster, n) for n in NODES})
+    first_loss = wait(lambda: workers().get("loss"), 30, "a loss")
+
+    assert node(NODES[2], "reclaim")[0] == 200
+    wait(world(2), 60, "shrunk to 2 by a reclaim", workers)
+    wait(lambda: worker_pid(jid, NODES[2]) is None, 10, "node3's worker gone")
+    assert node(NODES[2], "release")[0] == 200
+    wait(world(3), 120, "growth back to 3", workers)
+
+    victim = worker_pid(jid, NODES[1])
+    os.kill(victim, signal.SIGKILL)
+    wait(lambda: NODES[1] in (workers().get("lost") or []) or workers().get("world_size", 3) < 3, 15,
+         "the killed worker noticed", workers)
+    wait(lambda: get()["state"] == "done", 300, "the job to finish", get)
+    final = get()
+    assert final["samples_done"] == TOTAL, final
+    assert first_loss > 0
+    wait(lambda: not leftovers(jid), 20, "no worker left on any node")
