@@ -341,6 +341,15 @@ def test_heartbeat_timeout_marks_the_worker_lost() -> None:
     assert ops(j.m.tick(at(16.6))) == [("stop", "A", 1)]
 
 
+def test_a_heartbeat_without_genuine_news_does_not_keep_a_worker_alive() -> None:
+    j = Job(heartbeat_timeout_s=15)
+    j.running(["A", "B"])
+    assert j.m.heartbeats({("A", 1): b"1", ("B", 1): b"1"}, at(1)) == []
+    assert j.m.heartbeats({("A", 1): b"2", ("B", 1): None}, at(10)) == []     # forged/replayed
+    assert ops(j.m.heartbeats({("A", 1): b"3", ("B", 1): None}, at(16.5))) == [("exit", "B")]
+    assert j.m.status()["lost"] == ["B"]
+
+
 def test_heartbeats_of_unconnected_or_replaced_workers_are_ignored() -> None:
     j = Job(heartbeat_timeout_s=1)
     j.start("A")

@@ -3,7 +3,8 @@
 Kept apart from `elastic` so the training loop only reads flags and records progress: a watcher
 thread turns the worker's command stream into `stop_gens` / `leave_asked` / queued `run` commands,
 a beat thread keeps the heartbeat (and rank 0's progress key) fresh, and an optional reporter
-POSTs progress to HARVEST_REPORT_URL. See core/runtime/protocol.py for the keys.
+POSTs progress to HARVEST_REPORT_URL. See core/runtime/protocol.py for the keys; every connection
+reads and writes them through the job's SignedStore (core/runtime/signing.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 import torch.distributed as dist
 
 from . import protocol as P
+from .signing import SignedStore, signed
 
 if TYPE_CHECKING:
     from .elastic import ElasticJob
@@ -72,15 +74,16 @@ class CoordinatorLink:
     running generation), else None; `snapshot()` is the progress record to publish."""
 
     def __init__(self, host: str, port: int, timeout: timedelta, node: str, incarnation: int, *,
-                 progress: Callable[[], Optional[int]], snapshot: Callable[[], dict],
+                 secret: str, progress: Callable[[], Optional[int]], snapshot: Callable[[], dict],
                  report_url: Optional[str] = None, token: str = "",
                  report_every_s: float = 1.0) -> None:
         self.node, self.incarnation = node, incarnation
         self._progress, self._snapshot = progress, snapshot
         self._report_url, self._token, self._report_every = report_url, token, report_every_s
 
-        def connect() -> dist.TCPStore:
-            return dist.TCPStore(host, port, None, False, timeout=timeout)
+        def connect() -> SignedStore:
+            return signed(dist.TCPStore(host, port, None, False, timeout=timeout), secret,
+                          timeout.total_seconds())
 
         self._ctl = connect()       # events, heartbeat, progress (short operations, any thread)
         self._cmds = connect()      # the watcher thread's blocking waits
@@ -100,8 +103,12 @@ class CoordinatorLink:
                  snapshot: Callable[[], dict]) -> "CoordinatorLink":
         """Connect as the coordinator's environment (`JobCoordinator.worker_env()`) says."""
         host, port = env[P.ENV_STORE].rsplit(":", 1)
+        secret = env.get(P.ENV_SECRET)
+        if not secret:
+            raise RuntimeError(f"{P.ENV_SECRET} is not set: this worker cannot talk to its "
+                               "coordinator (start it with JobCoordinator.worker_env())")
         return cls(host, int(port), timedelta(seconds=max(30.0, 3 * pg_timeout_s)), node,
-                   incarnation, progress=progress, snapshot=snapshot,
+                   incarnation, secret=secret, progress=progress, snapshot=snapshot,
                    report_url=env.get(P.ENV_REPORT_URL) or None, token=env.get(P.ENV_TOKEN, ""),
                    report_every_s=float(env.get(P.ENV_REPORT_INTERVAL, "1.0")))
 
@@ -150,12 +157,16 @@ class CoordinatorLink:
             key = P.cmd_key(self.node, self.incarnation, k)
             try:
                 self._cmds.wait([key], timedelta(days=7))
-                cmd = P.decode(self._cmds.get(key))
+                raw = self._cmds.read(key)
             except Exception as e:  # noqa: BLE001
                 if "timeout" in str(e).lower():
                     continue
                 self.orphaned = True
                 return
+            if raw is None:             # forged: the coordinator's own set overwrites it
+                self._quit.wait(0.02)
+                continue
+            cmd = P.decode(raw)
             k += 1
             if self._quit.is_set():
                 return

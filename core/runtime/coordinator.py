@@ -14,14 +14,21 @@ node's worker (HARVEST_INCARNATION); pass it to `node_lost`/`dismiss` when the c
 a newer worker was started on the same node. A worker whose heartbeat stops for
 `heartbeat_timeout_s` (hung, partitioned) is treated as lost and appears in `status()["lost"]`.
 
-The job's TCPStore listens on every interface of the controller, without authentication: keep the
-port inside the cluster network. The per-job token protects the HTTP progress reports only.
+Store security: every key lives under a namespace derived from a per-job secret and every value
+carries an HMAC under it (core/runtime/signing.py); the workers get the secret in their private
+environment (HARVEST_STORE_SECRET). A non-member's writes read as absent, but TCPStore has no
+authentication: anyone who reaches the port can read values, list keys and delete or overwrite
+them (denial of service). The store listens on every interface unless `bind_host` names one
+address; keep the port inside the cluster network. The per-job token protects the HTTP progress
+reports only.
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import secrets
+import socket
 import threading
 import time
 import weakref
@@ -32,6 +39,7 @@ import torch.distributed as dist
 
 from . import protocol as P
 from .regroup import Instant, RegroupMachine, Send
+from .signing import SignedStore, signed
 
 __all__ = ["JobCoordinator"]
 
@@ -52,6 +60,25 @@ def _now() -> Instant:
     return Instant(time.time(), time.monotonic())
 
 
+def _serve(host: str, port: int, bind_host: Optional[str], timeout: timedelta) -> dist.TCPStore:
+    """The job's TCPStore server: on every interface (bind_host None), else listening only on
+    `bind_host`, through a socket bound here and handed to torch (`master_listen_fd`, which
+    takes over a duplicate of the descriptor). The server's own client dials `bind_host` then,
+    unless it is a wildcard address."""
+    if bind_host is None:
+        return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
+    family, kind, proto, _, addr = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        bound_port = sock.getsockname()[1]
+        dial = host if bind_host in ("0.0.0.0", "::", "") else bind_host
+        # torch owns (and closes) the duplicate; if its constructor fails, it may leak
+        return dist.TCPStore(dial, bound_port, None, True, timeout=timeout,
+                             wait_for_workers=False, master_listen_fd=os.dup(sock.fileno()))
+
+
 class JobCoordinator:
     """Controller-side coordinator of one elastic job (see the module docstring)."""
 
@@ -60,7 +87,8 @@ class JobCoordinator:
                  token: Optional[str] = None, ready_timeout_s: float = 300.0,
                  heartbeat_timeout_s: float = 15.0, checksums: bool = True,
                  max_failed_generations: int = 3, checkpoint_dir: Optional[str] = None,
-                 extra_env: Optional[dict[str, str]] = None) -> None:
+                 extra_env: Optional[dict[str, str]] = None,
+                 bind_host: Optional[str] = None) -> None:
         if global_batch <= 0 or total_samples <= 0:
             raise ValueError("global_batch and total_samples must be positive")
         self.job_id = job_id
@@ -82,15 +110,19 @@ class JobCoordinator:
                                        heartbeat_timeout_s=self.heartbeat_timeout_s,
                                        max_failed_generations=self.max_failed_generations,
                                        job_id=job_id)
-        self._store: Optional[dist.TCPStore] = dist.TCPStore(
-            host, port, None, True, timeout=timedelta(seconds=max(30.0, 3 * self.pg_timeout_s)),
-            wait_for_workers=False)
-        self.address: tuple[str, int] = (host, int(self._store.port))
+        self.secret = secrets.token_hex(16)     # workers get it in their environment only
+        self.bind_host = bind_host
+        timeout = timedelta(seconds=max(30.0, 3 * self.pg_timeout_s))
+        self._server: Optional[dist.TCPStore] = _serve(host, port, bind_host, timeout)
+        self.address: tuple[str, int] = (host, int(self._server.port))
+        self._store: Optional[SignedStore] = signed(self._server, self.secret,
+                                                    timeout.total_seconds())
         self._store.set(P.META, P.encode({"job": job_id, "global_batch": self.global_batch,
                                           "total_samples": self.total_samples,
                                           "total_steps": self.total_steps,
                                           "pg_timeout_s": self.pg_timeout_s}))
         self._store.set(P.PROGRESS, "{}")
+        self._hb_seen: dict[tuple[str, int], int] = {}   # highest genuine heartbeat per worker
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._cmd_next: dict[tuple[str, int], int] = {}    # (node, incarnation) -> next command
@@ -102,6 +134,7 @@ class JobCoordinator:
         self._closing = False
         self._close_deadline = 0.0
         self._closed = False
+        self._forged = 0
         self._thread = threading.Thread(target=self._run, name=f"coord-{job_id}", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -115,7 +148,7 @@ class JobCoordinator:
             self._execute(cmds)
         host, port = self.address
         env = {P.ENV_STORE: f"{host}:{port}", P.ENV_JOB: self.job_id, P.ENV_NODE: node,
-               P.ENV_INCARNATION: str(inc), P.ENV_TOKEN: self.token,
+               P.ENV_INCARNATION: str(inc), P.ENV_TOKEN: self.token, P.ENV_SECRET: self.secret,
                P.ENV_GLOBAL_BATCH: str(self.global_batch),
                P.ENV_TOTAL_SAMPLES: str(self.total_samples),
                P.ENV_PG_TIMEOUT: str(self.pg_timeout_s),
@@ -159,8 +192,13 @@ class JobCoordinator:
         self._wake.set()
 
     def status(self) -> dict:
+        """The machine's status, plus `forged_reads`: values read from the store whose tag was
+        not the job's (written by a non-member), each time one was read."""
         with self._lock:
-            return {"job": self.job_id, "store": "%s:%d" % self.address, **self._machine.status()}
+            store = self._store
+            return {"job": self.job_id, "store": "%s:%d" % self.address,
+                    "forged_reads": self._forged if store is None else store.rejected,
+                    **self._machine.status()}
 
     def generations(self) -> list[dict]:
         """Every generation so far, oldest first (timestamps, members, per-rank checksums)."""
@@ -186,8 +224,9 @@ class JobCoordinator:
             if self._closed:
                 return
             self._closed = True
-            store, self._store = self._store, None
-        del store          # the server thread goes with the last reference
+            self._forged = self._store.rejected if self._store is not None else self._forged
+            store, server, self._store, self._server = self._store, self._server, None, None
+        del store, server          # the server thread goes with the last reference
 
     # ------------------------------------------------------------------ executing commands
     def _execute(self, cmds: list[Send]) -> None:
@@ -234,8 +273,8 @@ class JobCoordinator:
         assert store is not None
         while True:
             key = P.event_key(self._ev_next)
-            if store.check([key]):
-                raw = store.get(key)
+            raw = store.read(key)           # None: absent, or forged (the worker's set follows)
+            if raw is not None:
                 store.delete_key(key)
                 self._ev_next += 1
                 self._gap_since = None
@@ -265,11 +304,26 @@ class JobCoordinator:
         now = time.monotonic()
         if now - self._last_progress_read >= P.PROGRESS_S / 2:
             self._last_progress_read = now
-            self._machine.progress_read(P.decode(store.get(P.PROGRESS)))
+            raw = store.read(P.PROGRESS)
+            if raw is not None:
+                self._machine.progress_read(P.decode(raw))
         if now - self._last_hb_check >= P.HEARTBEAT_S:
             self._last_hb_check = now
             keys = self._machine.heartbeat_keys()
             if not keys:
                 return
-            values = store.multi_get([P.heartbeat_key(node, inc) for node, inc in keys])
-            self._execute(self._machine.heartbeats(dict(zip(keys, values)), _now()))
+            readings = {k: self._heartbeat(store, *k) for k in keys}
+            self._execute(self._machine.heartbeats(readings, _now()))
+
+    def _heartbeat(self, store: SignedStore, node: str, inc: int) -> Optional[bytes]:
+        """The worker's heartbeat counter if genuine and higher than any seen before, else None
+        (no news: neither a forged value nor a replayed older one keeps a worker alive)."""
+        raw = store.read(P.heartbeat_key(node, inc))
+        try:
+            beats = int(raw) if raw is not None else -1
+        except ValueError:
+            return None
+        if beats <= self._hb_seen.get((node, inc), -1):
+            return None
+        self._hb_seen[(node, inc)] = beats
+        return raw

@@ -2,11 +2,13 @@
 
 Kept apart from `elastic` because it is torch.distributed plumbing the user never sees: the
 broadcast of model, optimizer and step from the chosen rank (receivers apply nothing until every
-transfer succeeded), and a DDP whose collectives never raise into the training loop.
+transfer succeeded), and a DDP whose collectives never raise into the training loop. Nothing a
+peer sends is unpickled: state travels as tensors plus a JSON skeleton of the optimizer state.
 """
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any, Optional, Protocol
 
 import torch
@@ -134,16 +136,19 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, st
 
 def _broadcast_optimizer(optimizer: torch.optim.Optimizer, src: int, rank: int,
                          device: torch.device, backend: str) -> Optional[dict]:
-    """Optimizer state: a tensor-free skeleton as one object, then each tensor. Returns the
-    state dict to load on receivers (None on the source)."""
+    """Optimizer state: a tensor-free skeleton as JSON, then each tensor. Returns the state dict
+    to load on receivers (None on the source)."""
     tensors: list[torch.Tensor] = []
-    box: list[Any] = [None]
+    payload: Optional[bytes] = None
     if rank == src:
-        box[0] = _strip(optimizer.state_dict(), tensors)
-    dist.broadcast_object_list(box, src=src, device=device if backend == "nccl" else None)
+        try:
+            payload = _dumps(_strip(optimizer.state_dict(), tensors))
+        except (TypeError, ValueError):
+            payload = None           # the receivers must hear it too: see _broadcast_bytes
+    data = _broadcast_bytes(payload, src, rank, device)
     if rank != src:
         tensors = []
-        skeleton = _alloc(box[0], tensors)
+        skeleton = _alloc(_loads(data), tensors)
     for t in tensors:
         if t.device != device and backend == "nccl":
             tmp = t.to(device)
@@ -152,6 +157,24 @@ def _broadcast_optimizer(optimizer: torch.optim.Optimizer, src: int, rank: int,
         else:
             dist.broadcast(t, src)
     return _fill(skeleton, tensors) if rank != src else None
+
+
+def _broadcast_bytes(payload: Optional[bytes], src: int, rank: int, device: torch.device) -> bytes:
+    """`payload` of rank `src` on every rank: its length, then its bytes, as uint8 tensors. A
+    source without a payload (None) sends length -1 and every rank raises ValueError."""
+    n = torch.tensor([-1 if payload is None else len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(n, src)
+    size = int(n.item())
+    if size < 0:
+        raise ValueError("the optimizer state of the source rank cannot be sent as JSON")
+    if rank == src and size:
+        assert payload is not None
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+    if size:
+        dist.broadcast(buf, src)
+    return payload if rank == src and payload is not None else bytes(buf.cpu().numpy())
 
 
 # -------------------------------------------------------------------- optimizer state transport
@@ -173,11 +196,16 @@ def _is_slot(obj: Any) -> bool:
 
 def _alloc(skel: Any, tensors: list[torch.Tensor]) -> Any:
     if _is_slot(skel):
-        dtype = getattr(torch, skel["dtype"].removeprefix("torch."))
+        dtype = getattr(torch, str(skel["dtype"]).removeprefix("torch."), None)
+        shape = skel["shape"]
+        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or \
+                not all(isinstance(d, int) and d >= 0 for d in shape) or \
+                skel["__tensor__"] != len(tensors):
+            raise ValueError(f"bad tensor slot in the optimizer skeleton: {skel!r:.200}")
         device = torch.device(skel["device"])
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
-        tensors.append(torch.empty(skel["shape"], dtype=dtype, device=device))
+        tensors.append(torch.empty(shape, dtype=dtype, device=device))
         return skel
     if isinstance(skel, dict):
         return {k: _alloc(v, tensors) for k, v in skel.items()}
@@ -194,3 +222,39 @@ def _fill(skel: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(skel, (list, tuple)):
         return type(skel)(_fill(v, tensors) for v in skel)
     return skel
+
+
+# -------------------------------------------------------------------- the skeleton as JSON
+# JSON has no int keys and no tuples, which optimizer state dicts have ({"state": {0: ...}},
+# "betas": (0.9, 0.999)): every dict is sent as {"d": [[key, value], ...]}, every tuple as
+# {"t": [...]}; lists, strings, numbers, booleans and None as themselves.
+def _to_json(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {"d": [[_to_json(k), _to_json(v)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"t": [_to_json(v) for v in obj]}
+    if isinstance(obj, list):
+        return [_to_json(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"{type(obj).__name__} in an optimizer state dict cannot be sent as JSON")
+
+
+def _from_json(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"d"}:
+            return {_from_json(k): _from_json(v) for k, v in obj["d"]}
+        if set(obj) == {"t"}:
+            return tuple(_from_json(v) for v in obj["t"])
+        raise ValueError(f"unexpected object in the optimizer skeleton: {sorted(obj)[:5]}")
+    if isinstance(obj, list):
+        return [_from_json(v) for v in obj]
+    return obj
+
+
+def _dumps(skel: Any) -> bytes:
+    return json.dumps(_to_json(skel), separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> Any:
+    return _from_json(json.loads(data.decode()))

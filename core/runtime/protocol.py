@@ -1,7 +1,8 @@
 """What a JobCoordinator (controller side) and its workers (`core.runtime.elastic`) say to each other.
 
-Transport: one `torch.distributed.TCPStore` per job, owned (served) by the coordinator. Every value
-is UTF-8 JSON. Workers are named by node; a node can host several worker processes over a job's
+Transport: one `torch.distributed.TCPStore` per job, owned (served) by the coordinator. Every key
+below lives under the job's namespace and every value carries an HMAC tag, both from the per-job
+secret (HARVEST_STORE_SECRET; core/runtime/signing.py). Every value is UTF-8 JSON. Workers are named by node; a node can host several worker processes over a job's
 life (a restart after a crash), so each `worker_env()` call hands out a new *incarnation* number and
 per-worker keys carry both. No key is ever waited on with an expiring timeout (TCPStore's
 `wait(keys, timeout)` stalls for the store timeout after it expires): readers either poll with
@@ -19,7 +20,8 @@ Keys
   ev/<n>                      n-th worker event, n = 1, 2, ... (the coordinator reads then deletes it)
   hb/<node>/<inc>             heartbeat counter, bumped every HEARTBEAT_S by a worker thread
   progress                    latest progress of the running generation, written ~5x/s by its rank 0
-  gen<G>/...                  process group of generation G (PrefixStore: gloo/nccl rendezvous)
+  gen<G>/...                  process group of generation G (PrefixStore: gloo/nccl rendezvous,
+                              tagged like the rest)
 
 Worker events (field "ev"; every event also has node, inc, pid, t = worker wall time)
   hello       connected to the store (torch imported)
@@ -46,6 +48,7 @@ ENV_JOB = "HARVEST_JOB"
 ENV_NODE = "HARVEST_NODE"
 ENV_INCARNATION = "HARVEST_INCARNATION"
 ENV_TOKEN = "HARVEST_TOKEN"                  # per-job bearer token for progress reports
+ENV_SECRET = "HARVEST_STORE_SECRET"          # per-job key of the store's namespace and HMAC tags
 ENV_REPORT_URL = "HARVEST_REPORT_URL"         # optional: POST JSON progress reports here
 ENV_REPORT_INTERVAL = "HARVEST_REPORT_INTERVAL"
 ENV_GLOBAL_BATCH = "HARVEST_GLOBAL_BATCH"

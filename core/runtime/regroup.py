@@ -312,13 +312,13 @@ class RegroupMachine(RegroupState):
         return self._take()
 
     def heartbeats(self, values: dict[tuple[str, int], Optional[bytes]], now: Instant) -> list[Send]:
-        """Heartbeat values read at `now`: a worker whose value has not changed for
-        heartbeat_timeout_s is lost."""
+        """Heartbeat values read at `now` (None: no genuine new value): a worker whose value has
+        not changed for heartbeat_timeout_s is lost."""
         for (node, inc), v in values.items():
             w = self.workers.get(node)
             if w is None or w.inc != inc or not w.connected or w.state == W_GONE:
                 continue
-            if v != w.hb_value:
+            if v is not None and v != w.hb_value:
                 w.hb_value, w.hb_seen = v, now.mono
             elif now.mono - w.hb_seen > self.heartbeat_timeout_s:
                 log.warning("job %s: worker on %s silent for %.0f s: lost", self.job_id, node,
