@@ -2,11 +2,13 @@
 nodes in network namespaces, each at its own address with its own loopback and its own sshd. A
 job registered through the API grows 1 -> 3, shrinks on a staff reclaim, loses a worker to
 SIGKILL and finishes with exactly its total samples; its workers' store and report connections
-go to the advertised address (a node that dialled 127.0.0.1 would reach only itself)."""
+go to the advertised address (a node that dialled 127.0.0.1 would reach only itself), and the
+job's store listens there only."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -97,6 +99,9 @@ def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app
         store_host, _, store_port = env["HARVEST_STORE"].rpartition(":")
         assert store_host == head, env["HARVEST_STORE"]
         assert urlparse(env["HARVEST_REPORT_URL"]).hostname == head, env["HARVEST_REPORT_URL"]
+        listening = {line.split()[3] for line in subprocess.run(["ss", "-tlnH"], capture_output=True, text=True)
+                     .stdout.splitlines() if line.split()[3].endswith(f":{store_port}")}
+        assert listening == {f"{head}:{store_port}"}, f"the job's store listens on {listening}, not only {head}"
         wait(lambda: (head, int(store_port)) in peers(cluster, n, pid), 10,
              f"{n}'s worker connected to the store at {head}:{store_port}", lambda: peers(cluster, n, pid))
     wait(lambda: [n for n in NODES if (head, app_port) in peers(cluster, n)], 30,     # rank 0 reports

@@ -233,7 +233,8 @@ class WorkerDispatcher(Dispatcher):
             if self.pythonpath:
                 extra["PYTHONPATH"] = self.pythonpath
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
-                                   host=self.coordinator_host, report_url=url, token=token,
+                                   host=self.coordinator_host, bind_host=self.coordinator_bind,
+                                   report_url=url, token=token,
                                    pg_timeout_s=self.pg_timeout_s, extra_env=extra)
             self.book.register(job.id, coord.token)
             run = self._runs[job.id] = _Run(job, coord)
