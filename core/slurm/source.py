@@ -29,7 +29,7 @@ from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from .hub import PilotHub, PilotLink
 from .wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
-from .cli import SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
+from .cli import BadJobId, SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
 from .settings import SettingError, SlurmSettings
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class SlurmSource(LiveNodeSource):
             jobs = list(self._pilots)
         try:
             self.cli.cancel(jobs)
-        except SlurmUnavailable as e:
+        except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel pilots %s (%s); they end when their connection does", jobs, e)
         if self.hub is not None:
             self.hub.close()
@@ -311,7 +311,7 @@ class SlurmSource(LiveNodeSource):
     def _cancel_quietly(self, jobs: list[str]) -> None:
         try:
             self.cli.cancel(jobs)
-        except SlurmUnavailable as e:
+        except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel %s: %s", ", ".join(jobs), e)
 
 
