@@ -28,7 +28,7 @@ from typing import Callable, Optional
 from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from .hub import PilotHub, PilotLink
-from .wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
+from .wire import ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN
 from .cli import BadJobId, SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
 from .settings import SettingError, SlurmSettings
 
@@ -296,8 +296,8 @@ class SlurmSource(LiveNodeSource):
     def _pilot_env(self) -> dict[str, str]:
         assert self.hub is not None
         port = self.hub.address[1]
-        return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_TOKEN: self._token,
-                ENV_GRACE: str(self.settings.worker_grace_s)}
+        return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_HUB_SHA256: self.hub.fingerprint,
+                ENV_TOKEN: self._token, ENV_GRACE: str(self.settings.worker_grace_s)}
 
     def _cancel_leftovers(self) -> None:
         try:
