@@ -75,7 +75,7 @@ class SlurmSource(LiveNodeSource):
         self.hub: Optional[PilotHub] = None
         if not settings.dry_run:
             self.hub = PilotHub(self._token, self._on_hello, self._on_leave, settings.hub_host,
-                                settings.hub_port)
+                                settings.hub_port, max_connections=settings.hub_connection_cap)
             self._cancel_leftovers()
 
     # ---- LiveNodeSource ----------------------------------------------------------------------
