@@ -154,7 +154,7 @@ def test_a_hello_for_a_held_node_leaves_the_holder_in_place():
             assert link.job == "101"
             for job, node in (("102", "node1"), ("101", "node2")):      # the node, or the job id, taken
                 intruder = fake_pilot(h, job, node)
-                assert intruder.recv() is None, "the hub refuses the intruder"
+                assert closed_by_peer(intruder.sock, 3), "the hub refuses the intruder"
                 assert h.hub.link("node1") is link and h.hub.link_of_job("101") is link
                 intruder.close()
             time.sleep(0.3)                  # the intruders' ends are handled
@@ -220,7 +220,7 @@ def test_job_ids_that_look_like_options_never_reach_slurm(tmp_path, monkeypatch)
         for bad in OPTION_LIKE_IDS:
             w = dial(address, source.hub.fingerprint)
             w.send({"op": HELLO, "token": source._token, "job": bad, "node": "node9", "pid": 1})
-            assert w.recv() is None, f"the hub refuses job id {bad!r}"
+            assert closed_by_peer(w.sock, 3), f"the hub refuses job id {bad!r}"
             w.close()
         w = dial(address, source.hub.fingerprint)      # a real job id: cancelled as a stray
         w.send({"op": HELLO, "token": source._token, "job": "77", "node": "node9", "pid": 1})
@@ -338,7 +338,7 @@ def test_a_pilot_whose_thread_cannot_start_is_refused_and_the_hub_goes_on(monkey
     monkeypatch.setattr(threading.Thread, "start", start_or_fail)
     with Hub() as h:
         w = fake_pilot(h, "21", "node1")
-        assert w.recv() is None and failed == ["pilot-21"], "refused: no thread for it"
+        assert closed_by_peer(w.sock, 3) and failed == ["pilot-21"], "refused: no thread for it"
         assert "cannot start its thread" in caplog.text
         w.close()
         w = fake_pilot(h, "22", "node1")
