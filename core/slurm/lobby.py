@@ -80,7 +80,7 @@ class Lobby:
                     if key.fileobj is self.server:
                         self._accept()
                     elif key.data is not None:
-                        self._advance(key.data)
+                        self._advance_or_drop(key.data)
                 self._expire()
         except Exception:           # a bug here would lock every pilot out: say so loudly
             log.exception("the pilot hub stopped accepting connections")
@@ -158,6 +158,13 @@ class Lobby:
         self._guests[guest] = None
 
     # ---- the hello ---------------------------------------------------------------------------
+    def _advance_or_drop(self, guest: _Guest) -> None:
+        try:
+            self._advance(guest)
+        except Exception:                       # that connection is lost, not the listener
+            log.exception("a pilot hub connection failed")
+            self._drop(guest, "failed")
+
     def _advance(self, guest: _Guest) -> None:
         try:
             data = guest.sock.recv(CHUNK)
@@ -188,11 +195,7 @@ class Lobby:
             hello = None
         guest.sock.setblocking(True)
         guest.wire.send_timeout_s = self.send_timeout_s
-        try:
-            self.admit(guest.wire, hello if isinstance(hello, dict) else None)
-        except Exception:                       # that pilot is lost, not the listener
-            log.exception("could not admit a pilot connection")
-            guest.wire.close()
+        self.admit(guest.wire, hello if isinstance(hello, dict) else None)
 
     def _drop(self, guest: _Guest, why: str) -> None:
         try:
