@@ -13,7 +13,8 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
            "dry_run": "--slurm-dry-run", "hub_host": "--slurm-hub", "hub_port": "--slurm-hub",
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
            "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
-           "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout"}
+           "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
+           "hub_max_connections": "--slurm-hub-max-connections"}
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -38,6 +39,9 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help="submit nothing; the dashboard and log show what would be harvested")
     g.add_argument("--slurm-hub", default=d.hub_host, metavar="HOST[:PORT]",
                    help="where the harvester listens for its pilots (default 127.0.0.1, any port)")
+    g.add_argument("--slurm-hub-max-connections", metavar="N", type=int, default=d.hub_max_connections,
+                   help="connections the hub keeps at once, pilots and those not yet identified; "
+                        "more are refused (default 0: 4 x --slurm-max-pilots + 64)")
     g.add_argument("--slurm-advertise", default="", metavar="HOST",
                    help="the address pilots dial back (default: the --slurm-hub host)")
     g.add_argument("--slurm-conf", metavar="PATH", default="", help="slurm.conf for the Slurm commands (default: SLURM_CONF / the site's)")
@@ -64,4 +68,5 @@ def settings_from(args) -> dict:
                 dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
                 log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
-                pending_timeout_s=args.slurm_pending_timeout)
+                pending_timeout_s=args.slurm_pending_timeout,
+                hub_max_connections=args.slurm_hub_max_connections)

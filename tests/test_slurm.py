@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -24,7 +23,7 @@ from core.service import Harvester
 from core.settings import HarvesterSettings
 from core.snapshot import HELD
 from core.slurm.hub import PilotHub
-from core.slurm.wire import HELLO, Wire
+from core.slurm.wire import HELLO, dial
 from core.slurm.source import resolve_watch
 from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
@@ -192,14 +191,18 @@ def test_the_hub_refuses_a_pilot_without_the_token():
     seen = []
     hub = PilotHub("the-right-token", lambda link: seen.append(link), lambda link, why: None)
     try:
+        address = "%s:%d" % hub.address
         for token in ("a-wrong-token", 12, None):
-            with socket.create_connection(hub.address, timeout=5) as s:
-                w = Wire(s)
-                w.send({"op": HELLO, "token": token, "job": "1", "node": "node1", "pid": 1})
-                assert w.recv() is None, "the hub closes the connection"
-        with socket.create_connection(hub.address, timeout=5) as s:
-            Wire(s).send({"op": HELLO, "token": "the-right-token", "job": "7", "node": "node1", "pid": 1})
+            w = dial(address, hub.fingerprint)
+            w.send({"op": HELLO, "token": token, "job": "1", "node": "node1", "pid": 1})
+            assert w.recv() is None, "the hub closes the connection"
+            w.close()
+        w = dial(address, hub.fingerprint)
+        try:
+            w.send({"op": HELLO, "token": "the-right-token", "job": "7", "node": "node1", "pid": 1})
             wait(lambda: hub.link("node1"), 5, "the valid pilot")
+        finally:
+            w.close()
         assert [l.job for l in seen] == ["7"]
         wait(lambda: hub.link("node1") is None, 5, "its end")
     finally:

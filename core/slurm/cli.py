@@ -5,11 +5,16 @@ cannot be asked raises SlurmUnavailable.
 Slurm 22.05 quirks handled here: with --json, sinfo and squeue ignore their filter options
 (everything comes back, finished jobs included, and we filter), and when slurmctld is down
 they still exit 0 after ~9 s of retries, with the failure in the JSON's `errors`.
+
+Job ids can come from a pilot's hello, which is input from the network: every id is checked
+here as well (`JOB_ID`) before it reaches a command line, so that no value can ever be read by
+scancel or squeue as an option (`--me` would cancel every job of the harvester's user).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -22,6 +27,27 @@ NOT_FREE_FLAGS = frozenset({"drain", "draining", "drained", "completing", "plann
 #: job states after which a job holds nothing (squeue shows them for MinJobAge seconds)
 ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
                    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
+#: a Slurm job id: digits, or `<array job>_<task>` digits for an array task (scancel takes both;
+#: a pilot's own SLURM_JOB_ID is always plain digits). Nothing else, so never an option.
+JOB_ID = re.compile(r"[0-9]{1,18}(?:_[0-9]{1,18})?")
+#: a job name or user name as a filter value: one item (no comma, no blank), never an option
+FILTER_VALUE = re.compile(r"[^\s,-][^\s,]{0,255}")
+
+
+class BadJobId(ValueError):
+    """A value that is not a Slurm job id where one was expected; nothing was run."""
+
+
+def valid_job_id(job: object) -> bool:
+    return isinstance(job, str) and JOB_ID.fullmatch(job) is not None
+
+
+def check_job_ids(jobs: Sequence[str]) -> list[str]:
+    """The ids, if every one is a Slurm job id; BadJobId otherwise."""
+    bad = [j for j in jobs if not valid_job_id(j)]
+    if bad:
+        raise BadJobId(f"not a Slurm job id: {', '.join(repr(j)[:40] for j in bad[:5])}")
+    return list(jobs)
 
 
 class SlurmUnavailable(RuntimeError):
@@ -104,7 +130,10 @@ class SlurmCli:
         """Jobs slurmctld knows (ended ones included for a while), optionally only those with
         this name and user (the filter options are passed for newer Slurm versions that honour
         them with --json, and applied here for those that do not)."""
-        argv = ["squeue", "--json"] + (["--name", name] if name else []) + (["--user", user] if user else [])
+        for what, value in (("job name", name), ("user name", user)):
+            if value and not FILTER_VALUE.fullmatch(value):
+                raise ValueError(f"not a Slurm {what}: {value!r}")
+        argv = ["squeue", "--json"] + ([f"--name={name}"] if name else []) + ([f"--user={user}"] if user else [])
         out = []
         for j in self._json(argv, "jobs"):
             job = SlurmJob(str(j["job_id"]), str(j.get("name", "")), str(j.get("job_state", "")),
@@ -124,9 +153,12 @@ class SlurmCli:
         return job
 
     def cancel(self, jobs: Sequence[str]) -> None:
+        """scancel these jobs; BadJobId (and nothing cancelled) if any is not a job id."""
         if jobs:
-            self._run(["scancel", *jobs])
+            self._run(["scancel", "--", *check_job_ids(jobs)])
 
     def hostnames(self, hostlist: str) -> list[str]:
         """Expand a hostlist expression (`node[1-4,7]`) the way Slurm does."""
+        if not hostlist or hostlist.startswith("-"):
+            raise ValueError(f"not a hostlist: {hostlist!r}")
         return self._run(["scontrol", "show", "hostnames", hostlist]).split()

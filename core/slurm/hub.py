@@ -1,26 +1,37 @@
-"""The harvester's end of its pilots' connections: a TCP listener that each pilot job dials once
-and keeps open. It authenticates pilots by the harvester's token, tells the node source when a
-pilot holds a node (hello) and when it lets go (`leaving` on SIGTERM, or its connection ends),
-and carries the transport's requests to the pilot on a node and their replies.
+"""The harvester's end of its pilots' connections: a TLS listener that each pilot job dials once
+and keeps open. It authenticates pilots by the harvester's token (sent inside TLS, to a
+certificate the pilot pins), tells the node source when a pilot holds a node (hello) and when
+it lets go (`leaving` on SIGTERM, or its connection ends), and carries the transport's requests
+to the pilot on a node and their replies.
 
-One thread per connection (a few hundred pilots at most); callbacks run on those threads and
-must be quick.
+Until its hello a connection waits in the lobby (core/slurm/lobby.py: one thread for all, a
+deadline each, a cap on connections). A pilot then gets a thread of its own (a few hundred
+pilots at most); callbacks run on those threads and must be quick. A hello is refused unless
+its job id is a Slurm job id and its node is held by no other live pilot: a second pilot for a
+node never displaces the first.
 """
 from __future__ import annotations
 
 import hmac
 import itertools
 import logging
+import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .wire import HELLO, LEAVING, Wire, tune
+from .cli import valid_job_id
+from .lobby import Lobby
+from .tls import server_context
+from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, Wire
 
 log = logging.getLogger(__name__)
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
+MAX_CONNECTIONS = 4 * 64 + 64   # see SlurmSettings.hub_connection_cap
+#: a node name as a pilot may give it (SLURMD_NODENAME or the host name)
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class PilotGone(RuntimeError):
@@ -47,8 +58,9 @@ class PilotLink:
         return self.leaving or self.closed.is_set()
 
     def request(self, op: str, timeout: float, **fields) -> dict:
-        """Send a request and wait for its reply. PilotGone if the pilot ends first, TimeoutError
-        if it does not answer in time."""
+        """Send a request and wait for its reply. PilotGone if the pilot ends first (or does not
+        take the request within the wire's send timeout: it is then cut off, as gone),
+        TimeoutError if it does not answer in time."""
         slot: list = [threading.Event(), None]
         with self._lock:
             rid = next(self._ids)
@@ -76,24 +88,30 @@ class PilotLink:
 
 
 class PilotHub:
-    """Listens on `host:port` (0: any free port). `on_hello(link)`, `on_leave(link, why)` are
-    called from connection threads; on_leave once per link, on `leaving` or at the end of the
-    connection, whichever comes first."""
+    """Listens on `host:port` (0: any free port) with TLS; pilots pin `fingerprint`. `on_hello(link)`,
+    `on_leave(link, why)` are called from connection threads; on_leave once per link, on
+    `leaving` or at the end of the connection, whichever comes first. At most `max_connections`
+    connections at once, pilots and connections still in their hello together."""
 
     def __init__(self, token: str, on_hello: Callable[[PilotLink], None],
-                 on_leave: Callable[[PilotLink, str], None], host: str = "127.0.0.1", port: int = 0) -> None:
+                 on_leave: Callable[[PilotLink, str], None], host: str = "127.0.0.1", port: int = 0,
+                 max_connections: int = MAX_CONNECTIONS, hello_timeout_s: float = HELLO_TIMEOUT_S,
+                 send_timeout_s: float = SEND_TIMEOUT_S) -> None:
         self.token = token
         self.on_hello = on_hello
         self.on_leave = on_leave
-        self._server = socket.create_server((host, port), backlog=256)
+        ctx, self.fingerprint = server_context()
+        self._server = socket.create_server((host, port), backlog=1024)
+        self._server.setblocking(False)
         self.address = self._server.getsockname()[:2]
         self._links: dict[str, PilotLink] = {}        # node -> its current pilot
         self._by_job: dict[str, PilotLink] = {}
         self._lock = threading.Lock()
         self._closing = False
+        self._serving = 0                              # admitted connections still open
         self._threads: list[threading.Thread] = []
-        self._accept = threading.Thread(target=self._accept_loop, name="pilot-hub", daemon=True)
-        self._accept.start()
+        self._lobby = Lobby(self._server, ctx, self._admit, lambda: self._serving, max_connections,
+                            hello_timeout_s, send_timeout_s)
 
     # ---- reading -----------------------------------------------------------------------------
     def link(self, node: str) -> Optional[PilotLink]:
@@ -111,77 +129,102 @@ class PilotHub:
             return [l for l in self._links.values() if not l.gone]
 
     # ---- connections -------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._server.accept()
-            except OSError:
-                return           # closed
-            if self._closing:
-                sock.close()
-                return
-            t = threading.Thread(target=self._serve, args=(sock,), name="pilot-link", daemon=True)
-            with self._lock:
-                self._threads = [x for x in self._threads if x.is_alive()] + [t]
-            t.start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        tune(sock)
-        sock.settimeout(HELLO_TIMEOUT_S)
-        wire = Wire(sock)
-        hello = wire.recv()
-        if not self._valid(hello):
-            log.warning("refused a pilot connection without a valid hello")
+    def _admit(self, wire: Wire, hello: Optional[dict]) -> None:
+        """A hello came (on the lobby's thread): register the pilot and give it a thread, or
+        close the connection."""
+        why = self._refusal(hello)
+        link = None
+        if why is None:
+            assert hello is not None
+            link = PilotLink(hello["job"], hello["node"], hello.get("pid") or 0, wire, time.time())
+            why = self._register(link)
+        if why is not None or link is None:
+            if link is None and why in ("no hello", "a wrong token"):
+                self._lobby.closed[why] += 1       # the lobby sums these up: no log flood
+            else:
+                log.warning("refused a pilot connection: %s", why)
             wire.close()
             return
-        sock.settimeout(None)
-        link = PilotLink(str(hello["job"]), str(hello["node"]), int(hello.get("pid") or 0), wire, time.time())
+        t = threading.Thread(target=self._serve, args=(link,), name=f"pilot-{link.job}", daemon=True)
+        try:
+            t.start()
+        except RuntimeError as e:               # no thread to be had: as if it never came
+            log.error("refused pilot %s on %s: cannot start its thread (%s)", link.job, link.node, e)
+            self._unregister(link)
+            wire.close()
+            return
+        with self._lock:
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _refusal(self, hello: Optional[dict]) -> Optional[str]:
+        """Why this hello is refused (None: it is not). The token first: nothing else is said
+        to a connection without it."""
+        if not isinstance(hello, dict) or hello.get("op") != HELLO or not isinstance(hello.get("token"), str):
+            return "no hello"
+        if not hmac.compare_digest(hello["token"].encode(), self.token.encode()):
+            return "a wrong token"
+        if not valid_job_id(hello.get("job")):
+            return f"job id {str(hello.get('job'))[:40]!r} is not a Slurm job id"
+        node = hello.get("node")
+        if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
+            return f"{str(node)[:40]!r} is not a node name"
+        pid = hello.get("pid", 0)
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+            return f"pid {str(pid)[:20]!r} is not a process id"
+        return None
+
+    def _register(self, link: PilotLink) -> Optional[str]:
+        """Make `link` the node's pilot, unless another open connection holds the node or the
+        job id (then nothing changes: the holder stays)."""
         with self._lock:
             if self._closing:
-                wire.close()
-                return
+                return "the hub is closing"
+            for holder in (self._links.get(link.node), self._by_job.get(link.job)):
+                if holder is not None and not holder.closed.is_set():
+                    return (f"pilot {link.job} on {link.node}: {holder.node} is held by the live "
+                            f"pilot {holder.job}")
             self._links[link.node] = link
             self._by_job[link.job] = link
-        self.on_hello(link)
-        while True:
-            msg = wire.recv()
-            if msg is None:
-                break
-            if msg.get("op") == LEAVING and not link.leaving:
-                at = msg.get("at")
-                link.signalled_at = float(at) if isinstance(at, (int, float)) else None
-                link.leaving = True
-                self.on_leave(link, f"pilot {link.job} preempted ({msg.get('reason') or 'SIGTERM'})")
-            elif "re" in msg:
-                link._answer(msg)
-        said_leaving = link.leaving
-        link.closed.set()
-        wire.close()
+            self._serving += 1
+        return None
+
+    def _unregister(self, link: PilotLink) -> None:
         with self._lock:
             if self._links.get(link.node) is link:
                 del self._links[link.node]
-            self._by_job.pop(link.job, None)
-        if not said_leaving:
-            self.on_leave(link, f"pilot {link.job} lost its connection")
+            if self._by_job.get(link.job) is link:
+                del self._by_job[link.job]
+            self._serving -= 1
 
-    def _valid(self, hello: Optional[dict]) -> bool:
-        return (isinstance(hello, dict) and hello.get("op") == HELLO and isinstance(hello.get("token"), str)
-                and hmac.compare_digest(hello["token"].encode(), self.token.encode())
-                and bool(hello.get("node")) and bool(hello.get("job")))
+    def _serve(self, link: PilotLink) -> None:
+        try:
+            self.on_hello(link)
+            while (msg := link.wire.recv()) is not None:
+                if msg.get("op") == LEAVING and not link.leaving:
+                    at = msg.get("at")
+                    link.signalled_at = float(at) if isinstance(at, (int, float)) else None
+                    link.leaving = True
+                    self.on_leave(link, f"pilot {link.job} preempted ({msg.get('reason') or 'SIGTERM'})")
+                elif "re" in msg:
+                    link._answer(msg)
+        finally:
+            said_leaving = link.leaving
+            link.closed.set()
+            link.wire.close()
+            self._unregister(link)
+            if not said_leaving:
+                self.on_leave(link, f"pilot {link.job} lost its connection")
 
     def close(self) -> None:
         """Stop listening and close every connection (pilots then stop their workers and exit)."""
         with self._lock:
             self._closing = True
+        self._lobby.close()
+        self._server.close()
+        with self._lock:
             links = list(self._by_job.values())
             threads = list(self._threads)
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
         for link in links:
             link.wire.close()
-        self._accept.join(5)
         for t in threads:
             t.join(5)

@@ -1,8 +1,9 @@
 """The pilot: the batch script of every pilot job. It holds one node for the harvester and is the
 only way the harvester uses that node, so whatever Slurm does to the pilot happens to the work.
 
-  1. It connects to the harvester's hub (address and token from its environment) and says hello:
-     the harvester now counts the node as harvested.
+  1. It connects to the harvester's hub (address, certificate fingerprint and token from its
+     environment), checks the hub's TLS certificate against the fingerprint (any other: it says
+     nothing and exits) and says hello: the harvester now counts the node as harvested.
   2. It starts, watches and stops the training job's worker processes on request (a local
      transport inside the pilot: the workers are the pilot's children, part of the Slurm job).
      Each worker is SIGKILLed by the kernel if the pilot dies first (PR_SET_PDEATHSIG), so Slurm,
@@ -12,6 +13,7 @@ only way the harvester uses that node, so whatever Slurm does to the pilot happe
      gives the node back. If the hub goes away it does the same without the message.
 
 It imports only the standard library and the local transport: it starts in tens of milliseconds.
+Its signals are blocked until the hello is out, so that a `leaving` always follows the hello.
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ from typing import Optional
 
 from ..transports.base import Handle, NodeSpec, StartError
 from ..transports.local import LocalTransport
-from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_TOKEN, HELLO, KILL, LEAVING, START, STOP,
-                         TAIL, Wire, tune)
+from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, KILL, LEAVING, START,
+                   STOP, TAIL, Wire, WrongCertificate, dial)
 
 CONNECT_TRIES_S = 10.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def log(msg: str) -> None:
@@ -129,38 +132,44 @@ class Pilot:
         self.wire.close()
 
 
-def connect(hub: str, timeout_s: float = CONNECT_TRIES_S) -> socket.socket:
-    host, _, port = hub.rpartition(":")
+def connect(hub: str, sha256: str, timeout_s: float = CONNECT_TRIES_S) -> Wire:
+    """The hub's connection, TLS done and its certificate checked; tried again for `timeout_s`
+    while the hub cannot be reached (WrongCertificate at once: never retried)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
-            sock.settimeout(None)
-            tune(sock)
-            return sock
-        except OSError:
+            return dial(hub, sha256, max(1.0, min(5.0, deadline - time.monotonic())))
+        except WrongCertificate:
+            raise
+        except OSError:                 # ssl.SSLError included: a handshake cut short
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
 
 def main() -> int:
-    hub, token = os.environ.get(ENV_HUB, ""), os.environ.get(ENV_TOKEN, "")
+    hub, sha256, token = (os.environ.get(k, "") for k in (ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN))
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     job = os.environ.get("SLURM_JOB_ID", "")
-    if not hub or not token:
-        log(f"{ENV_HUB} and {ENV_TOKEN} must be set (the harvester submits pilots with them)")
+    if not hub or not sha256 or not token:
+        log(f"{ENV_HUB}, {ENV_HUB_SHA256} and {ENV_TOKEN} must be set (the harvester submits pilots with them)")
         return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         grace = float(os.environ.get(ENV_GRACE, "0"))
-        wire = Wire(connect(hub))
+        wire = connect(hub, sha256)
+    except WrongCertificate as e:
+        log(f"refusing to talk to {hub}: {e}")
+        return 1
     except (OSError, ValueError) as e:
         log(f"cannot reach the harvester at {hub}: {e}")
         return 1
     pilot = Pilot(wire, node, job, grace)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in SIGNALS:
         signal.signal(sig, pilot.on_signal)
-    if not wire.send({"op": HELLO, "token": token, "job": job, "node": node, "pid": os.getpid()}):
+    sent = wire.send({"op": HELLO, "token": token, "job": job, "node": node, "pid": os.getpid()})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)     # a signal that came meanwhile: now
+    if not sent:
         log("the harvester closed the connection")
         return 1
     log(f"job {job} holds {node} for the harvester at {hub}")

@@ -46,6 +46,7 @@ class SlurmSettings:
     #   (0: at once. The main job waits for the node, and a preempted worker holds nothing its
     #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
     command_timeout_s: float = 5.0   # a Slurm command slower than this counts as slurmctld away
+    hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
 
     def __post_init__(self) -> None:
         for f in ("partition", "pilot_name"):
@@ -58,6 +59,10 @@ class SlurmSettings:
         _whole(self, "time_limit_min", 1, 365 * 24 * 60)
         _whole(self, "submit_batch", 1, MAX_PILOTS)
         _whole(self, "hub_port", 0, 65535)
+        _whole(self, "hub_max_connections", 0, 1_000_000)
+        if 0 < self.hub_max_connections < self.max_pilots + 1:
+            raise SettingError("hub_max_connections", f"must be 0 (automatic) or more than max_pilots "
+                                                      f"({self.max_pilots}), not {self.hub_max_connections}")
         _number(self, "poll_s", 0.1, 3600)
         _number(self, "pending_timeout_s", 1, 7 * 24 * 3600)
         _number(self, "worker_grace_s", 0, 600)
@@ -70,6 +75,12 @@ class SlurmSettings:
             raise SettingError("hub_host", "give a host name or address")
         if not Path(self.python).is_absolute():
             raise SettingError("python", f"give the interpreter's absolute path, not {self.python!r}")
+
+    @property
+    def hub_connection_cap(self) -> int:
+        """The most connections the hub keeps open at once (pilots, and connections that have
+        not said hello yet); beyond it new ones are refused (or replace the oldest waiting one)."""
+        return self.hub_max_connections or 4 * self.max_pilots + 64
 
     @property
     def dial_host(self) -> str:

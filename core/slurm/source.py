@@ -28,8 +28,8 @@ from typing import Callable, Optional
 from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from .hub import PilotHub, PilotLink
-from .wire import ENV_GRACE, ENV_HUB, ENV_TOKEN
-from .cli import SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
+from .wire import ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN
+from .cli import BadJobId, SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
 from .settings import SettingError, SlurmSettings
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class SlurmSource(LiveNodeSource):
         self.hub: Optional[PilotHub] = None
         if not settings.dry_run:
             self.hub = PilotHub(self._token, self._on_hello, self._on_leave, settings.hub_host,
-                                settings.hub_port)
+                                settings.hub_port, max_connections=settings.hub_connection_cap)
             self._cancel_leftovers()
 
     # ---- LiveNodeSource ----------------------------------------------------------------------
@@ -133,7 +133,7 @@ class SlurmSource(LiveNodeSource):
             jobs = list(self._pilots)
         try:
             self.cli.cancel(jobs)
-        except SlurmUnavailable as e:
+        except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel pilots %s (%s); they end when their connection does", jobs, e)
         if self.hub is not None:
             self.hub.close()
@@ -296,8 +296,8 @@ class SlurmSource(LiveNodeSource):
     def _pilot_env(self) -> dict[str, str]:
         assert self.hub is not None
         port = self.hub.address[1]
-        return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_TOKEN: self._token,
-                ENV_GRACE: str(self.settings.worker_grace_s)}
+        return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_HUB_SHA256: self.hub.fingerprint,
+                ENV_TOKEN: self._token, ENV_GRACE: str(self.settings.worker_grace_s)}
 
     def _cancel_leftovers(self) -> None:
         try:
@@ -311,7 +311,7 @@ class SlurmSource(LiveNodeSource):
     def _cancel_quietly(self, jobs: list[str]) -> None:
         try:
             self.cli.cancel(jobs)
-        except SlurmUnavailable as e:
+        except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel %s: %s", ", ".join(jobs), e)
 
 
