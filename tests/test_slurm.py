@@ -89,6 +89,7 @@ def _acceptance(app, cluster):
     for n in NODES:       # each worker runs inside the pilot that holds its node
         env = [e for e in processes_with_env(f"HARVEST_NODE={n}").values() if f"HARVEST_JOB={jid}".encode() in e]
         assert len(env) == 1 and f"SLURM_JOB_ID={pilots[n]}".encode() in env[0].split(b"\0"), n
+        assert not [v for v in env[0].split(b"\0") if v.startswith(b"HARVEST_PILOT_")], "the pilot's token stays its own"
 
     # a main job needs 4 nodes: Slurm preempts 4 pilots, which give their nodes back at once
     t0 = time.monotonic()

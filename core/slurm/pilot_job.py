@@ -44,7 +44,7 @@ class Pilot:
         self.node = NodeSpec(node)
         self.job = job
         self.grace_s = grace_s
-        self.transport = LocalTransport(die_with_parent=True)
+        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",))
         self.handles: dict[tuple[int, str], Handle] = {}
         self.lock = threading.Lock()
         self.leaving = threading.Event()

@@ -94,15 +94,24 @@ def _signal_group(pgid: int, sig: int) -> None:
 class LocalTransport(Transport):
     name = "local"
 
-    def __init__(self, die_with_parent: bool = False) -> None:
+    def __init__(self, die_with_parent: bool = False, inherit_prefixes: tuple[str, ...] = ()) -> None:
+        """`inherit_prefixes`: more of this process's variables its workers see (a pilot's
+        workers: `SLURM_`, the Slurm job they belong to)."""
         if die_with_parent and _prctl is None:
             raise OSError("die_with_parent needs Linux prctl(PR_SET_PDEATHSIG)")
         self._preexec = _die_with_parent if die_with_parent else None
+        self._inherit = inherit_prefixes
         self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
         self._lock = threading.Lock()
 
     def host_of(self, node: NodeSpec) -> Optional[str]:
         return "127.0.0.1"
+
+    def _inherited(self) -> dict[str, str]:
+        env = inherited_env(os.environ)
+        if self._inherit:
+            env.update({k: v for k, v in os.environ.items() if k.startswith(self._inherit)})
+        return env
 
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
               log_path: str) -> Handle:
@@ -111,7 +120,7 @@ class LocalTransport(Transport):
         try:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(argv, env={**inherited_env(os.environ), **env}, cwd=workdir or None,
+                proc = subprocess.Popen(argv, env={**self._inherited(), **env}, cwd=workdir or None,
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=self._preexec)
