@@ -30,7 +30,7 @@ from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -87,9 +87,9 @@ def _acceptance(app, cluster):
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
                        and get()["nodes"] == k)
     wait(world(8), 150, "the job training on 8 nodes", workers)
-    for n in NODES:       # each worker runs inside the pilot that holds its node
-        env = [e for e in processes_with_env(f"HARVEST_NODE={n}").values() if f"HARVEST_JOB={jid}".encode() in e]
-        assert len(env) == 1 and f"SLURM_JOB_ID={pilots[n]}".encode() in env[0].split(b"\0"), n
+    for n in NODES:       # each worker runs inside the pilot that holds its node: the pilot's child
+        pids = [p for p, e in processes_with_env(f"HARVEST_NODE={n}").items() if f"HARVEST_JOB={jid}".encode() in e]
+        assert len(pids) == 1 and parent(pids[0]) in pilot_processes([pilots[n]]), n
 
     # a main job needs 4 nodes: Slurm preempts 4 pilots, which give their nodes back at once
     t0 = time.monotonic()

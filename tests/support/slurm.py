@@ -277,6 +277,14 @@ def processes_with_env(marker: str) -> dict[int, bytes]:
     return out
 
 
+def parent(pid: int) -> Optional[int]:
+    """The parent's PID (as this namespace numbers it), None once `pid` is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
