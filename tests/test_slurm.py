@@ -29,7 +29,7 @@ from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -86,10 +86,13 @@ def _acceptance(app, cluster):
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
                        and get()["nodes"] == k)
     wait(world(8), 150, "the job training on 8 nodes", workers)
-    for n in NODES:       # each worker runs inside the pilot that holds its node
-        env = [e for e in processes_with_env(f"HARVEST_NODE={n}").values() if f"HARVEST_JOB={jid}".encode() in e]
-        assert len(env) == 1 and f"SLURM_JOB_ID={pilots[n]}".encode() in env[0].split(b"\0"), n
-        assert not [v for v in env[0].split(b"\0") if v.startswith(b"HARVEST_PILOT_")], "the pilot's token stays its own"
+    for n in NODES:       # each worker runs inside the pilot that holds its node: the pilot's child
+        found = {p: e for p, e in processes_with_env(f"HARVEST_NODE={n}").items() if f"HARVEST_JOB={jid}".encode() in e}
+        assert len(found) == 1, n
+        (pid, env), = found.items()
+        assert parent(pid) in pilot_processes([pilots[n]]), n
+        assert f"SLURM_JOB_ID={pilots[n]}".encode() in env.split(b"\0"), n
+        assert not [v for v in env.split(b"\0") if v.startswith(b"HARVEST_PILOT_")], "the pilot's token stays its own"
 
     # a main job needs 4 nodes: Slurm preempts 4 pilots, which give their nodes back at once
     t0 = time.monotonic()

@@ -42,23 +42,6 @@ def environ_of(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
 
 
-def peers(cluster, node: str, pid=None) -> set[tuple[str, int]]:
-    """(address, port) of the TCP peers seen in `node`'s namespace, in any state; only those of
-    process `pid` when given (established connections carry their process)."""
-    argv = ["ss", "-tanpH"] if pid else ["ss", "-tanH"]
-    out = cluster.run(node, argv).stdout.splitlines()
-    found = set()
-    for line in out:
-        if pid and f"pid={pid}," not in line:
-            continue
-        cols = line.split()
-        if len(cols) >= 5:
-            host, _, port = cols[4].rpartition(":")
-            if port.isdigit():
-                found.add((host.strip("[]").removeprefix("::ffff:"), int(port)))   # v4 over a v6 socket
-    return found
-
-
 @pytest.fixture
 def app(tmp_path, netns_cluster):
     inventory = netns_cluster.write_inventory(tmp_path / "nodes.txt")
@@ -102,10 +85,10 @@ def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app
         listening = {line.split()[3] for line in subprocess.run(["ss", "-tlnH"], capture_output=True, text=True)
                      .stdout.splitlines() if line.split()[3].endswith(f":{store_port}")}
         assert listening == {f"{head}:{store_port}"}, f"the job's store listens on {listening}, not only {head}"
-        wait(lambda: (head, int(store_port)) in peers(cluster, n, pid), 10,
-             f"{n}'s worker connected to the store at {head}:{store_port}", lambda: peers(cluster, n, pid))
-    wait(lambda: [n for n in NODES if (head, app_port) in peers(cluster, n)], 30,     # rank 0 reports
-         f"progress reports from a node to {head}:{app_port}", lambda: {n: peers(cluster, n) for n in NODES})
+        wait(lambda: (head, int(store_port)) in cluster.peers(n, pid), 10,
+             f"{n}'s worker connected to the store at {head}:{store_port}", lambda: cluster.peers(n, pid))
+    wait(lambda: [n for n in NODES if (head, app_port) in cluster.peers(n)], 30,     # rank 0 reports
+         f"progress reports from a node to {head}:{app_port}", lambda: {n: cluster.peers(n) for n in NODES})
     first_loss = wait(lambda: workers().get("loss"), 30, "a loss")
 
     assert node(NODES[2], "reclaim")[0] == 200

@@ -7,6 +7,8 @@ that traffic between the harvester and its nodes crosses a network instead of on
         cluster.ssh_config              # `ssh -F` / SshTransport(config=...): Host node1..nodeN
         cluster.run("node1", ["ip", "-4", "addr"])     # inside node1's namespace
         cluster.write_inventory(path)   # "node1 node1" per line, for the harvester
+        cluster.peers("node1")          # TCP peers seen in node1 (None: in this namespace)
+        cluster.write_entry(path, program, "SLURMD_NODENAME")   # runs program in the node $VAR names
 
 Layout: a bridge `hv<pid><k>-br` in the root namespace holds the head address; node i is the
 namespace `hv<pid><k>-n<i>`, joined to the bridge by the veth pair `hv<pid><k>-h<i>` (root side) /
@@ -32,6 +34,7 @@ import ipaddress
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -52,6 +55,7 @@ IFNAMSIZ = 15  # the kernel's limit on interface names (16 with the NUL)
 SSH_PORT = 22
 DEAD_PORT = 9  # discard: nothing listens there on a node, so "node-dead" is refused at once
 MAX_NODES = 99
+NETNS_RUN_DIR = "/run/netns"  # where `ip netns add` binds each namespace (nsenter --net=<there>/NAME)
 _clusters = itertools.count()
 
 
@@ -312,11 +316,57 @@ class NetnsCluster:
         """Processes running in `node` now."""
         return netns_pids(self.namespaces[node])
 
+    def netns_path(self, node: str) -> str:
+        """The file that names `node`'s network namespace (`nsenter --net=PATH`)."""
+        return f"{NETNS_RUN_DIR}/{self.namespaces[node]}"
+
+    def write_entry(self, path: Path, program: str, node_var: str) -> Path:
+        """An executable that runs `program "$@"` inside the namespace of the node named by the
+        environment variable `node_var` (exits 97 for any other name). It `exec`s nsenter, which
+        `exec`s the program: one PID throughout, so whoever started it can still signal it."""
+        cases = "".join(f"  {name}) ns={self.netns_path(name)} ;;\n" for name in self.names)
+        path.write_text(f"""#!/bin/sh
+case "${node_var}" in
+{cases}  *) echo "$0: no test host named '${node_var}'" >&2; exit 97 ;;
+esac
+exec nsenter --net="$ns" -- {shlex.quote(program)} "$@"
+""")
+        path.chmod(0o755)
+        return path
+
+    def peers(self, node: Optional[str], pid: Optional[int] = None,
+              local: Optional[tuple[str, int]] = None) -> set[tuple[str, int]]:
+        """(address, port) of the TCP peers seen in `node`'s namespace (None: this one, the head),
+        in any state; only those of process `pid` (established connections carry their process)
+        and of sockets bound to `local` when given."""
+        argv = ["ss", "-tanpH"] if pid else ["ss", "-tanH"]
+        if node is None:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        else:
+            out = self.run(node, argv).stdout
+        found = set()
+        for line in out.splitlines():
+            if pid and f"pid={pid}," not in line:
+                continue
+            cols = line.split()
+            if len(cols) < 5 or (local and _address(cols[3]) != local):
+                continue
+            peer = _address(cols[4])
+            if peer:
+                found.add(peer)
+        return found
+
     def write_inventory(self, path: Path, slots: Optional[int] = None) -> Path:
         """The harvester's inventory (core/inventory.py): `name ssh-target [slots]` per node."""
         tail = f" {slots}" if slots else ""
         path.write_text("".join(f"{name} {name}{tail}\n" for name in self.names))
         return path
+
+
+def _address(column: str) -> Optional[tuple[str, int]]:
+    """`10.0.0.1:22`, `[::ffff:10.0.0.1]:22` (v4 over a v6 socket) -> ('10.0.0.1', 22); None for `*:*`."""
+    host, _, port = column.rpartition(":")
+    return (host.strip("[]").removeprefix("::ffff:"), int(port)) if port.isdigit() else None
 
 
 @pytest.fixture(scope="module")

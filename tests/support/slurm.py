@@ -12,7 +12,8 @@ daemons in order, and returns what was still alive (a clean run: nothing).
 loudly when it cannot: a test that needs Slurm never skips silently.
 
 In a test module:  `from tests.support.slurm import slurm_cluster`  makes the module-scoped fixture
-available there.
+available there; `slurm_netns_cluster` is a 3-node one whose pilots run on the test hosts of
+tests/support/netns.py (slurmd stays on loopback).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.support.files import ROOT
+from tests.support.netns import NetnsCluster
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -259,6 +261,35 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         assert not left, f"left running in the Slurm namespace after stop: {left}"
 
 
+@dataclass
+class SlurmOnHosts:
+    """A Slurm cluster whose node i is the test host node i: `python` (for --slurm-python) runs
+    each batch script inside the network namespace of the node Slurm started it on."""
+    slurm: SlurmCluster
+    hosts: NetnsCluster
+    python: Path
+
+
+@pytest.fixture(scope="module")
+def slurm_netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmOnHosts]:
+    """Slurm's node1..node3 (slurmd on loopback) over the test hosts node1..node3 (no sshd). The
+    namespaces are made first: Slurm's init has a mount namespace of its own, which sees only
+    the /run/netns/* bindings made before it. Tear-down checks that Slurm left nothing and that
+    no process had to be killed in a namespace."""
+    d = tmp_path_factory.mktemp("slurm-netns")
+    with NetnsCluster(3, d / "hosts", sshd=False) as hosts:
+        cluster = start_cluster(d / "slurm", nodes=len(hosts.names))
+        try:
+            assert cluster.nodes == hosts.names, (cluster.nodes, hosts.names)
+            yield SlurmOnHosts(cluster, hosts, hosts.write_entry(d / "python-on-node", sys.executable,
+                                                                  "SLURMD_NODENAME"))
+        finally:
+            left = cluster.stop()
+        assert not left, f"left running in the Slurm namespace after stop: {left}"
+        killed = hosts.close()
+        assert not killed, f"processes still ran in the test hosts after Slurm stopped: {killed}"
+
+
 def processes_with_env(marker: str) -> dict[int, bytes]:
     """Live processes (outer PIDs, every namespace) whose environment holds `marker`
     (`NAME=value`), with their whole environment."""
@@ -275,6 +306,14 @@ def processes_with_env(marker: str) -> dict[int, bytes]:
         if state != "Z" and needle in env.split(b"\0"):
             out[int(entry.name)] = env
     return out
+
+
+def parent(pid: int) -> Optional[int]:
+    """The parent's PID (as this namespace numbers it), None once `pid` is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def alive(pid: int) -> bool:
