@@ -31,9 +31,13 @@ def build(settings: HarvesterSettings) -> Harvester:
                                tick_s=settings.tick, fresh=settings.fresh)
     live = settings.live
     source, nodes, hub = node_source(live)
+    dispatcher: Optional[Dispatcher] = None
     try:
         dispatcher = dispatcher_for(live, nodes, settings.db, hub)
+        check_addresses(live, {n.name: source.address_of(n.name) or dispatcher.host_of(n.name) for n in nodes})
     except BaseException:
+        if dispatcher is not None:
+            dispatcher.close()
         source.close()
         raise
     return LiveHarvester(settings.db, source, dispatcher, live.config, tick_s=settings.tick,
@@ -72,31 +76,26 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
     """What runs the jobs. Worker logs and checkpoints go beside the store (`DB.workers/`)."""
     if live.dispatcher == "simulated" or (live.source == "slurm" and hub is None):
         return SimulatedDispatcher()          # a Slurm dry run never offers a node
-    transport = transport_for(live.dispatcher, live.ssh_config, hub)
-    try:
-        check_addresses(live, transport, nodes)
-    except SettingsError:
-        transport.close()
-        raise
     w = live.workers
-    return WorkerDispatcher(transport, nodes, Path(str(db) + ".workers"), report_base=live.report_url,
+    return WorkerDispatcher(transport_for(live.dispatcher, live.ssh_config, hub), nodes, Path(str(db) + ".workers"), report_base=live.report_url,
                             workdir=live.workdir, coordinator_host=live.dial_host,
                             coordinator_bind=live.bind_host, worker_env=live.worker_env,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s)
 
 
-def check_addresses(live: LiveSettings, transport: Transport, nodes: Sequence[NodeSpec]) -> None:
-    """Refuse a loopback address for the harvester when a node is on another host: a worker
-    there would dial its own loopback for its job's store and reports, and no job would train."""
+def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:
+    """Refuse a loopback address for the harvester when a node is on another host (`hosts`:
+    node -> where it is reached, None where not known): a pilot or worker there would dial its
+    own loopback for the hub, its job's store and reports, and no job would train."""
     ours = [live.dial_host] + ([urlparse(live.report_url).hostname or ""] if live.report_url else [])
     if not any(is_loopback(h) for h in ours):
         return
-    remote = [n.name for n in nodes if (h := transport.host_of(n)) is not None and not is_loopback(h)]
+    remote = [n for n, h in hosts.items() if h is not None and not is_loopback(h)]
     if remote:
         shown = ", ".join(remote[:3]) + (f" and {len(remote) - 3} more" if len(remote) > 3 else "")
         raise SettingsError("live.advertise", f"{shown} run on other hosts, which would dial their own "
-                                              "loopback for the jobs' stores and progress reports: set "
+                                              "loopback for the pilot hub, the jobs' stores and progress reports: set "
                                               "{live.advertise} to this host's address on their network")
 
 

@@ -13,6 +13,7 @@ from core.settings import HarvesterSettings
 from core.sources.static import StaticSource
 from core.transports.local import LocalTransport
 from core.transports.ssh import SshTransport
+from tests.support.fakeslurm import fake_slurm
 
 
 def built(tmp_path, **data):
@@ -86,6 +87,24 @@ def test_remote_nodes_refuse_a_loopback_address(tmp_path):
     h.dispatcher.close()
     inventory.write_text("a near\n")
     built(tmp_path, live=live).dispatcher.close()
+
+
+def test_slurm_nodes_elsewhere_refuse_a_loopback_hub(tmp_path, monkeypatch):
+    """Slurm's NodeAddr says where a pilot runs: pilots there would dial their own loopback for
+    the hub. With --advertise the hub listens where --bind says and pilots dial the advertised
+    address (nothing is sent to it here: the fakes answer for Slurm)."""
+    fake_slurm(tmp_path, monkeypatch, addresses=["10.0.0.7", "10.0.0.8"])
+    slurm = {"conf": "", "python": "/usr/bin/python3"}
+    with pytest.raises(SettingsError) as e:
+        built(tmp_path, live={"source": "slurm", "dispatch": "simulated", "slurm": slurm})
+    assert e.value.field == "live.advertise" and "node1, node2 run on other hosts" in e.value.message
+    h = built(tmp_path, live={"source": "slurm", "dispatch": "simulated", "slurm": slurm,
+                              "advertise": "10.0.0.254", "bind": "127.0.0.1"})
+    try:
+        assert h.source.settings.advertise == "10.0.0.254" and h.source.settings.hub_host == "127.0.0.1"
+        assert h.source.address_of("node1") == "10.0.0.7"
+    finally:
+        h.close()
 
 
 def test_a_slurm_that_cannot_be_read_is_a_clear_error(tmp_path):

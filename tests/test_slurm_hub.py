@@ -31,6 +31,7 @@ from core.slurm.source import SlurmSource
 from core.slurm.wire import (ALIVE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, Wire, WrongCertificate,
                              client_context, dial)
 from tests.support.files import ROOT
+from tests.support.fakeslurm import fake_slurm
 from tests.support.waiting import wait
 
 TOKEN = "the-harvesters-token-" + "x" * 20
@@ -168,29 +169,6 @@ def test_a_hello_for_a_held_node_leaves_the_holder_in_place():
 
 
 # ---- job ids -----------------------------------------------------------------------------------
-FAKE_SLURM = """#!{python}
-import json, os, sys
-with open(os.environ["FAKE_SLURM_LOG"], "a") as f:
-    f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
-print({out!r})
-"""
-
-
-def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """sinfo, squeue, scancel and scontrol on PATH that record their argv; returns the record."""
-    bin_dir, record = tmp_path / "bin", tmp_path / "argv.jsonl"
-    bin_dir.mkdir()
-    nodes = {"nodes": [{"name": f"node{i}", "state": "idle", "state_flags": [], "partitions": ["scavenger"]}
-                       for i in (1, 2)]}
-    for name, out in (("sinfo", json.dumps(nodes)), ("squeue", json.dumps({"jobs": []})), ("scancel", ""),
-                      ("scontrol", "node1")):
-        (bin_dir / name).write_text(FAKE_SLURM.format(python=sys.executable, out=out))
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SLURM_LOG", str(record))
-    return record
-
-
 def calls(record: Path) -> list[list[str]]:
     return [json.loads(l) for l in record.read_text().splitlines()] if record.exists() else []
 

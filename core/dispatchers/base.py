@@ -43,6 +43,10 @@ class Dispatcher(ABC):
         """When the dispatcher will next have something to report (simulation only)."""
         return None
 
+    def host_of(self, node: str) -> Optional[str]:
+        """The host `node`'s workers run on, as this host names it (None: not known or no workers)."""
+        return None
+
     #: whether the job's workers report progress over HTTP (`accept_report`)
     takes_reports = False
 

@@ -175,6 +175,10 @@ class WorkerDispatcher(Dispatcher):
 
     takes_reports = True
 
+    def host_of(self, node: str) -> Optional[str]:
+        spec = self.specs.get(node)
+        return self.transport.host_of(spec) if spec is not None else None
+
     def status(self, job_id: str) -> Optional[dict]:
         run = self._runs.get(job_id)
         return run.coord.status() if run else None

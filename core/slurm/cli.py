@@ -60,6 +60,7 @@ class SlurmNode:
     state: str                       # base state: idle, allocated, mixed, down, ...
     flags: tuple[str, ...]           # lower case: drain, completing, planned, not_responding, ...
     partitions: tuple[str, ...]
+    address: str = ""                # NodeAddr: where the node is reached ('' when Slurm does not say)
 
     @property
     def free(self) -> bool:
@@ -123,7 +124,7 @@ class SlurmCli:
         """Every node, in Slurm's own order."""
         return [SlurmNode(str(n["name"]), str(n.get("state", "")).lower(),
                           tuple(str(f).lower() for f in n.get("state_flags") or ()),
-                          tuple(n.get("partitions") or ()))
+                          tuple(n.get("partitions") or ()), str(n.get("address") or n.get("hostname") or ""))
                 for n in self._json(["sinfo", "--json"], "nodes")]
 
     def jobs(self, name: str = "", user: str = "") -> list[SlurmJob]:

@@ -79,6 +79,10 @@ class SlurmSource(LiveNodeSource):
             self._cancel_leftovers()
 
     # ---- LiveNodeSource ----------------------------------------------------------------------
+    def address_of(self, node: str) -> Optional[str]:
+        n = self._slurm.get(node)
+        return n.address if n is not None and n.address else None
+
     def node_names(self) -> list[str]:
         return list(self._names)
 

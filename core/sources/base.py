@@ -74,6 +74,10 @@ class LiveNodeSource(ABC):
         """What the source itself says about each node (e.g. Slurm's state), for the grid."""
         return {}
 
+    def address_of(self, node: str) -> Optional[str]:
+        """Where `node` is reached, as its scheduler says (None: the source does not know)."""
+        return None
+
     def reclaim(self, node: str, now: float) -> None:
         """The owner wants `node` back (only where `operated_by_hand`); KeyError for an unknown node."""
         raise NotImplementedError(f"{self.name} nodes are not operated by hand")
