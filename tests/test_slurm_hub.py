@@ -350,6 +350,7 @@ def test_a_send_to_a_pilot_that_stops_reading_times_out():
         assert not t.is_alive(), "a send to a pilot that does not read blocked for good"
         assert last[0] is not None and 0.4 < last[0] < 3, f"the failing send took {last[0]} s"
         wait(lambda: link.closed.is_set(), 5, "the pilot treated as gone")
+        wait(lambda: h.leaves, 5, "the leave reported (on the link's own thread)")
         assert h.hub.link("node9") is None and h.leaves == ["pilot 91 lost its connection"]
         with pytest.raises(PilotGone):
             link.request(ALIVE, 5, handles=[])
