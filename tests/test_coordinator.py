@@ -3,11 +3,9 @@ examples/digits_cnn.py with the coordinator's environment (gloo on localhost).""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,18 +16,12 @@ from core.runtime import protocol as P
 from core.runtime.coordinator import JobCoordinator
 from core.runtime.reports import ReportBook, ReportServer
 from tests.support.waiting import wait
+from tests.support.workers import EXAMPLE, WorkerProcs, worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "digits_cnn.py"
 GB = 64
 STEPS = 1000
 TOTAL = GB * STEPS
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARVEST_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
-    return env
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -40,50 +32,8 @@ def _json_lines(path: Path) -> list[dict]:
     return out
 
 
-class Cluster:
-    """Worker processes of one job; every one is killed (by its own PID) at teardown."""
-
-    def __init__(self, tmp: Path, coord: JobCoordinator) -> None:
-        self.tmp, self.coord = tmp, coord
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.t0 = time.monotonic()
-
-    def start(self, node: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{node}.log", "w")
-        p = subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(self.tmp / "ckpt"),
-             "--checkpoint-every", "1", "--log-every", "100", "--lr", "0.05", "--seed", "0"],
-            cwd=ROOT, env=_env(**self.coord.worker_env(node)), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        self.procs[node] = p
-        return p
-
-    def diag(self) -> str:
-        logs = {n: (self.tmp / f"{n}.log").read_text()[-1500:] for n in self.procs}
-        return (f"\nstatus={self.coord.status()}\ngenerations={self.coord.generations()}\n"
-                f"logs={logs}")
-
-    def step(self) -> int:
-        return self.coord.status()["committed_step"]
-
-    def first_step_of(self, gen: int):
-        def done() -> bool:
-            gens = self.coord.generations()
-            return bool(gens) and gens[-1]["gen"] == gen and gens[-1]["first_step_at"] is not None
-        return done
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)    # its own session: pgid == pid
-                except ProcessLookupError:
-                    pass
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+#: the workers of the grow/shrink/kill/leave/restore test: checkpoints every step
+CLUSTER_ARGS = ("--checkpoint-every", "1", "--log-every", "100", "--lr", "0.05", "--seed", "0")
 
 
 @pytest.fixture
@@ -93,7 +43,7 @@ def job(tmp_path: Path):
     coord = JobCoordinator("digits", GB, TOTAL, report_url=server.url_for("digits"),
                            pg_timeout_s=10.0, extra_env={P.ENV_REPORT_INTERVAL: "0.25"})
     book.register("digits", coord.token)
-    cluster = Cluster(tmp_path, coord)
+    cluster = WorkerProcs(tmp_path, coord, ("--checkpoint-dir", str(tmp_path / "ckpt"), *CLUSTER_ARGS))
     try:
         yield cluster, book, server
     finally:
@@ -249,14 +199,14 @@ def test_shard_is_the_same_global_batch_at_any_world_size() -> None:
 def test_example_runs_standalone_and_resumes(tmp_path: Path) -> None:
     cmd = [sys.executable, str(EXAMPLE), "--total-samples", "6400", "--global-batch", "64",
            "--checkpoint-dir", str(tmp_path), "--log-every", "20"]
-    first = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    first = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     lines = _json_lines_text(first.stdout)
     losses = [r["loss"] for r in lines if "loss" in r]
     assert losses[-1] < 0.6 * losses[0]
     assert lines[-1]["final"] and lines[-1]["step"] == 100 and lines[-1]["test_accuracy"] > 0.5
     assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 100
-    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    again = subprocess.run(cmd, cwd=tmp_path, env=worker_env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     resumed = _json_lines_text(again.stdout)
     assert len(resumed) == 1 and resumed[0]["step"] == 100       # restored: nothing left to run

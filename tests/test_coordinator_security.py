@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,60 +21,13 @@ from core.runtime import protocol as P
 from core.runtime.coordinator import JobCoordinator
 from core.runtime.signing import SignedStore, namespace, signed
 from tests.support.waiting import wait
+from tests.support.workers import WorkerProcs, worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "digits_cnn.py"
 GB = 64
 STEPS = 700
 TOTAL = GB * STEPS
 FORGED_STEP = STEPS - 3
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARVEST_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
-    return env
-
-
-class Workers:
-    """Worker processes of one job, each killed (by its own PID) at teardown."""
-
-    def __init__(self, tmp: Path, coord: JobCoordinator) -> None:
-        self.tmp, self.coord = tmp, coord
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.incs: dict[str, int] = {}
-
-    def start(self, node: str) -> None:
-        env = self.coord.worker_env(node)
-        self.incs[node] = int(env[P.ENV_INCARNATION])
-        with open(self.tmp / f"{node}.log", "w") as log:
-            self.procs[node] = subprocess.Popen(
-                [sys.executable, str(EXAMPLE), "--log-every", "100", "--seed", "0",
-                 "--step-seconds", "0.01"],
-                cwd=ROOT, env=_env(**env), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-
-    def diag(self) -> str:
-        logs = {n: (self.tmp / f"{n}.log").read_text()[-1500:] for n in self.procs}
-        return f"\nstatus={self.coord.status()}\ngenerations={self.coord.generations()}\nlogs={logs}"
-
-    def first_step_of(self, gen: int):
-        def done() -> bool:
-            gens = self.coord.generations()
-            return bool(gens) and gens[-1]["gen"] == gen and gens[-1]["first_step_at"] is not None
-        return done
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 class Intruder:
@@ -134,7 +85,7 @@ class Intruder:
 @pytest.fixture
 def secured_job(tmp_path: Path):
     coord = JobCoordinator("sec", GB, TOTAL, bind_host="127.0.0.1", pg_timeout_s=10.0)
-    workers = Workers(tmp_path, coord)
+    workers = WorkerProcs(tmp_path, coord, ("--log-every", "100", "--seed", "0", "--step-seconds", "0.01"))
     try:
         yield workers
     finally:
@@ -142,7 +93,7 @@ def secured_job(tmp_path: Path):
         coord.close(grace_s=0.5)
 
 
-def test_forged_writes_by_a_non_member_are_never_read(secured_job: Workers) -> None:
+def test_forged_writes_by_a_non_member_are_never_read(secured_job: WorkerProcs) -> None:
     w, coord = secured_job, secured_job.coord
     for node in "ABC":
         w.start(node)
@@ -291,7 +242,7 @@ def test_state_sync_never_unpickles(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(server.port)], cwd=ROOT,
-                              env=_env(GLOO_SOCKET_IFNAME="lo"), stdout=subprocess.PIPE,
+                              env=worker_env(GLOO_SOCKET_IFNAME="lo"), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     outs = []
     for p in procs:

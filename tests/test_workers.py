@@ -12,7 +12,7 @@ from core.assemble import build
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from tests.support.files import ROOT
-from tests.support.procs import leftovers
+from tests.support.procs import environ_of, leftovers
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -93,9 +93,6 @@ def test_a_job_whose_workers_keep_crashing_fails_with_its_log(live):
     wait(lambda: not leftovers(job.id), 10, "no worker left")
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
 
 
 def test_workers_get_an_allowlisted_environment(tmp_path, monkeypatch):

@@ -10,12 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from tests.support.procs import leftovers
+from tests.support.procs import environ_of, leftovers, worker_pid
 from tests.support.server import ROOT, start_app
 from tests.support.waiting import wait
 
@@ -24,22 +23,8 @@ TOTAL = GLOBAL_BATCH * 1500
 NODES = ["node1", "node2", "node3"]
 
 
-def worker_pid(job_id: str, node: str):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"HARVEST_JOB={job_id}".encode() in env and f"HARVEST_NODE={node}".encode() in env:
-            return int(pid)
-    return None
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.server import ROOT, start_app
-from tests.support.procs import leftovers
+from tests.support.procs import leftovers, worker_pid
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -22,17 +22,6 @@ TOTAL = GLOBAL_BATCH * 1200
 NODES = ["node0", "node1", "node2", "node3"]
 
 
-def worker_pid(job_id: str, node: str):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"HARVEST_JOB={job_id}".encode() in env and f"HARVEST_NODE={node}".encode() in env:
-            return int(pid)
-    return None
 
 
 @pytest.fixture

@@ -30,3 +30,23 @@ def leftovers(job_id: str) -> list[int]:
         if marker in env and state != "Z":
             out.append(int(pid))
     return out
+
+
+def worker_pid(job_id: str, node: str):
+    """The PID of the job's worker on `node` (its environment names both), or None."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"HARVEST_JOB={job_id}".encode() in env and f"HARVEST_NODE={node}".encode() in env:
+            return int(pid)
+    return None
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A process's environment as it was started."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
