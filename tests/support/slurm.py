@@ -1,6 +1,8 @@
 """A real Slurm on loopback for tests and benchmarks: munged, slurmctld and N slurmd (`-N nodeX`,
 one port each) under the caller's own folder, with the slurm.conf measured to work with
 Debian's Slurm 22.05 (a `main` partition and a preemptible `scavenger` partition, GraceTime=0).
+Every node has `GPUS` GPUs (`Gres=gpu:2`) backed by stand-in device files (`write_gres`), so
+Slurm allocates and binds them as on a GPU supercomputer.
 
 Everything runs inside its own PID namespace (`unshare --pid --fork --mount-proc`) whose PID 1
 is `tests/support/slurm_init.py`: it reaps the daemons' zombies, and when it exits the kernel kills
@@ -22,6 +24,7 @@ import os
 import select
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -37,6 +40,8 @@ from tests.support.netns import NetnsCluster
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
 START_TIMEOUT_S = 60.0
+#: GPUs per node (GRES gpu), as on the nodes of a GPU supercomputer
+GPUS = 2
 
 CONF = """\
 ClusterName=harvest-test
@@ -67,6 +72,7 @@ ReturnToService=2
 KillWait=5
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
+GresTypes=gpu
 {node_lines}
 PartitionName=main Nodes=ALL Default=YES PriorityTier=10 PreemptMode=OFF State=UP
 PartitionName=scavenger Nodes=ALL PriorityTier=1 PreemptMode=CANCEL GraceTime=0 State=UP
@@ -101,8 +107,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def write_conf(d: Path, nodes: list[str]) -> Path:
-    """The folder layout, munge key and slurm.conf of a cluster in `d`."""
+def write_conf(d: Path, nodes: list[str], gpus: int = GPUS) -> Path:
+    """The folder layout, munge key, slurm.conf and gres.conf of a cluster in `d` whose nodes
+    have `gpus` GPUs each (`Gres=gpu:N`; 0: none)."""
     for sub in ("munge", "state/ctld", "state/d", "run", "log"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "munge").chmod(0o755)
@@ -110,11 +117,36 @@ def write_conf(d: Path, nodes: list[str]) -> Path:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     ports = free_ports(len(nodes) + 1)
-    lines = "\n".join(f"NodeName={n} NodeHostname=localhost Port={p} CPUs=1 RealMemory=1000 State=UNKNOWN"
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
+    lines = "\n".join(f"NodeName={n} NodeHostname=localhost Port={p} CPUs=1 RealMemory=1000{gres} State=UNKNOWN"
                       for n, p in zip(nodes, ports[1:]))
+    write_gres(d, nodes, gpus)
     conf = d / "slurm.conf"
     conf.write_text(CONF.format(d=d, ctld_port=ports[0], node_lines=lines))
     return conf
+
+
+def write_gres(d: Path, nodes: list[str], gpus: int) -> None:
+    """gres.conf with `gpus` GPUs on every node, each a device file `d/dev/gpuI`.
+
+    Slurm 22.05 needs the files (measured): its gpu plugin drops a GPU declared by count alone
+    (`Count=2`, also with `Flags=CountOnly`), the node then registers 0 GPUs and is drained
+    INVAL, and a File= that is not a character or block device binds nothing. So each "GPU" is
+    a character device with /dev/null's numbers (1:3): Slurm binds them to jobs like real ones
+    (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, ZE_AFFINITY_MASK, SLURM_JOB_GPUS in the job's
+    environment), and a process that opened one would hold /dev/null. task/none: no cgroup
+    restricts devices here. All slurmd share the host, so all nodes name the same files."""
+    (d / "gres.conf").write_text("")
+    if not gpus:
+        return
+    dev = d / "dev"
+    dev.mkdir(exist_ok=True)
+    for i in range(gpus):
+        f = dev / f"gpu{i}"
+        if not f.exists():
+            os.mknod(f, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    files = f"{dev}/gpu[0-{gpus - 1}]" if gpus > 1 else f"{dev}/gpu0"
+    (d / "gres.conf").write_text("AutoDetect=off\n" + "".join(f"NodeName={n} Name=gpu File={files}\n" for n in nodes))
 
 
 @dataclass
@@ -227,13 +259,13 @@ class SlurmCluster:
             time.sleep(0.1)
 
 
-def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_S) -> SlurmCluster:
+def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_S, gpus: int = GPUS) -> SlurmCluster:
     ensure_slurm()
     if os.geteuid() != 0:
         pytest.fail("the test Slurm runs its daemons as root (SlurmUser=root)", pytrace=False)
     workdir = workdir.resolve()
     names = [f"node{i}" for i in range(1, nodes + 1)]
-    conf = write_conf(workdir, names)
+    conf = write_conf(workdir, names, gpus)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     # setpriv: unshare dies with us; --kill-child: the namespace's init dies with unshare.
     argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--mount-proc",
