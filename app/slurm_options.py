@@ -14,7 +14,7 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
            "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
            "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
-           "hub_max_connections": "--slurm-hub-max-connections"}
+           "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots"}
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -50,6 +50,8 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-pilot-logs", default="", metavar="DIR", help="pilot output files (default: none)")
     g.add_argument("--slurm-worker-grace", metavar="S", type=float, default=d.worker_grace_s,
                    help="seconds a preempted worker gets between SIGTERM and SIGKILL (default 0: at once)")
+    g.add_argument("--slurm-slots", metavar="N", type=int, default=d.slots,
+                   help="ranks (worker processes) per node (default 0: the node's GPUs in Slurm's GRES, 1 without)")
     g.add_argument("--slurm-pending-timeout", metavar="S", type=float, default=d.pending_timeout_s,
                    help=f"cancel a pilot not connected after this many seconds (default {d.pending_timeout_s:g})")
 
@@ -69,4 +71,4 @@ def settings_from(args) -> dict:
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
                 log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
                 pending_timeout_s=args.slurm_pending_timeout,
-                hub_max_connections=args.slurm_hub_max_connections)
+                hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots)

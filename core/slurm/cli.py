@@ -34,6 +34,35 @@ JOB_ID = re.compile(r"[0-9]{1,18}(?:_[0-9]{1,18})?")
 FILTER_VALUE = re.compile(r"[^\s,-][^\s,]{0,255}")
 
 
+#: one GRES of a node's `gres`: name, optional type, optional count, optional `(S:0-1)`-style suffix
+GRES_ITEM = re.compile(r"(?P<name>[^:()]+)(?::(?P<type>[^:()]+))??(?::(?P<count>[0-9]+))?(?:\(.*\))?")
+
+
+def gpu_count(gres: str) -> int:
+    """How many GPUs a node's GRES string declares: `gpu:4` -> 4, `gpu:a100:4(S:0-1)` -> 4,
+    `gpu:a100:2,gpu:v100:2` -> 4, `gpu` -> 1 (Slurm's default count), `(null)`, '' or
+    `nic:1` -> 0. Items are split at commas outside parentheses (a socket list `(S:0,2)` is
+    one item); an item Slurm would not print (`gpu:x:y:z`) counts nothing."""
+    total = 0
+    for item in _split_outside_parens(gres):
+        m = GRES_ITEM.fullmatch(item.strip())
+        if m is not None and m["name"] == "gpu":
+            total += int(m["count"]) if m["count"] is not None else 1
+    return total
+
+
+def _split_outside_parens(text: str) -> list[str]:
+    items, cur, depth = [], "", 0
+    for c in text:
+        depth += (c == "(") - (c == ")")
+        if c == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += c
+    return [i for i in items + [cur] if i.strip()]
+
+
 class BadJobId(ValueError):
     """A value that is not a Slurm job id where one was expected; nothing was run."""
 
@@ -61,6 +90,12 @@ class SlurmNode:
     flags: tuple[str, ...]           # lower case: drain, completing, planned, not_responding, ...
     partitions: tuple[str, ...]
     address: str = ""                # NodeAddr: where the node is reached ('' when Slurm does not say)
+    gres: str = ""                   # Gres as Slurm prints it: `gpu:a100:4(S:0-1),nic:1`; '' for none
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the node has (its `gpu` GRES, every type summed); 0 without."""
+        return gpu_count(self.gres)
 
     @property
     def free(self) -> bool:
@@ -124,7 +159,8 @@ class SlurmCli:
         """Every node, in Slurm's own order."""
         return [SlurmNode(str(n["name"]), str(n.get("state", "")).lower(),
                           tuple(str(f).lower() for f in n.get("state_flags") or ()),
-                          tuple(n.get("partitions") or ()), str(n.get("address") or n.get("hostname") or ""))
+                          tuple(n.get("partitions") or ()), str(n.get("address") or n.get("hostname") or ""),
+                          str(n.get("gres") or ""))
                 for n in self._json(["sinfo", "--json"], "nodes")]
 
     def jobs(self, name: str = "", user: str = "") -> list[SlurmJob]:

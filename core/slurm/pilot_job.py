@@ -5,7 +5,9 @@ only way the harvester uses that node, so whatever Slurm does to the pilot happe
      environment), checks the hub's TLS certificate against the fingerprint (any other: it says
      nothing and exits) and says hello: the harvester now counts the node as harvested.
   2. It starts, watches and stops the training job's worker processes on request (a local
-     transport inside the pilot: the workers are the pilot's children, part of the Slurm job).
+     transport inside the pilot: the workers are the pilot's children, part of the Slurm job),
+     one per rank of its node, each with the job's SLURM_* and the GPUs Slurm bound to the
+     pilot (CUDA_VISIBLE_DEVICES and the like: DEVICE_ENV).
      Each worker is SIGKILLed by the kernel if the pilot dies first (PR_SET_PDEATHSIG), so Slurm,
      which tracks a job's processes by parentage, can never lose one.
   3. On SIGTERM (Slurm preempts the pilot, or its time limit is up) it tells the hub `leaving`
@@ -25,7 +27,7 @@ import threading
 import time
 from typing import Optional
 
-from ..transports.base import Handle, NodeSpec, StartError
+from ..transports.base import DEVICE_ENV, Handle, NodeSpec, StartError
 from ..transports.local import LocalTransport
 from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, KILL, LEAVING, START,
                    STOP, TAIL, Wire, WrongCertificate, dial)
@@ -44,7 +46,7 @@ class Pilot:
         self.node = NodeSpec(node)
         self.job = job
         self.grace_s = grace_s
-        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",))
+        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",), inherit=DEVICE_ENV)
         self.handles: dict[tuple[int, str], Handle] = {}
         self.lock = threading.Lock()
         self.leaving = threading.Event()

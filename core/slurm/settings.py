@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 WATCH_ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 MAX_PILOTS = 100_000
+MAX_SLOTS = 1024
 
 
 class SettingError(SettingsError):
@@ -47,6 +48,7 @@ class SlurmSettings:
     #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
     command_timeout_s: float = 5.0   # a Slurm command slower than this counts as slurmctld away
     hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
+    slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (GRES gpu), 1 without
 
     def __post_init__(self) -> None:
         for f in ("partition", "pilot_name"):
@@ -60,6 +62,7 @@ class SlurmSettings:
         _whole(self, "submit_batch", 1, MAX_PILOTS)
         _whole(self, "hub_port", 0, 65535)
         _whole(self, "hub_max_connections", 0, 1_000_000)
+        _whole(self, "slots", 0, MAX_SLOTS)
         if 0 < self.hub_max_connections < self.max_pilots + 1:
             raise SettingError("hub_max_connections", f"must be 0 (automatic) or more than max_pilots "
                                                       f"({self.max_pilots}), not {self.hub_max_connections}")

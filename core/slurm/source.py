@@ -14,6 +14,10 @@ pinned with -w, --exclusive), cancels pilots that wait too long or whose node wa
 meanwhile, and notices pilots that vanished. When Slurm cannot be asked the source is `stale`:
 it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
 submits nothing until slurmctld answers again.
+
+GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
+them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
+its environment, which its workers inherit).
 """
 from __future__ import annotations
 
@@ -85,6 +89,15 @@ class SlurmSource(LiveNodeSource):
 
     def node_names(self) -> list[str]:
         return list(self._names)
+
+    def slots_of(self, node: str) -> int:
+        """How many ranks (worker processes) the node runs: `settings.slots` when given, else
+        one per GPU of its GRES, as Slurm said at start (a GPU node's job runs one rank per
+        GPU); 1 for a node without GPUs."""
+        if self.settings.slots:
+            return self.settings.slots
+        n = self._slurm.get(node)
+        return max(1, n.gpus if n is not None else 0)
 
     def initial_idle(self) -> list[str]:
         return []                     # a node is offered once a pilot holds it, never before
@@ -288,6 +301,9 @@ class SlurmSource(LiveNodeSource):
                 "--ntasks", "1", "--exclusive", "--time", str(s.time_limit_min), "--chdir", s.workdir,
                 "--output", f"{s.log_dir}/pilot-%j.log" if s.log_dir else "/dev/null",
                 "--export", "ALL", "--no-requeue"]
+        known = self._slurm.get(node)
+        if known is not None and known.gpus:
+            opts += ["--gres", f"gpu:{known.gpus}"]
         if s.qos:
             opts += ["--qos", s.qos]
         if s.account:

@@ -27,6 +27,10 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: that could hold a secret; a site adds names (`LiveSettings.worker_env`, `--worker-env`)
 WORKER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 WORKER_ENV_PREFIXES = ("LC_",)
+#: the devices a batch scheduler bound to a job (Slurm's gres/gpu sets each of these): a worker
+#: started inside that job, by a Slurm pilot, must use the same ones, not every GPU of the node
+DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+              "GPU_DEVICE_ORDINAL")
 #: what `stop` reports
 STOP_GONE, STOP_TERM, STOP_KILL, STOP_LOST = "gone", "term", "kill", "lost"
 

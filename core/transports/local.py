@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport,
                    check_start_args, inherited_env)
@@ -94,13 +94,16 @@ def _signal_group(pgid: int, sig: int) -> None:
 class LocalTransport(Transport):
     name = "local"
 
-    def __init__(self, die_with_parent: bool = False, inherit_prefixes: tuple[str, ...] = ()) -> None:
-        """`inherit_prefixes`: more of this process's variables its workers see (a pilot's
-        workers: `SLURM_`, the Slurm job they belong to)."""
+    def __init__(self, die_with_parent: bool = False, inherit_prefixes: tuple[str, ...] = (),
+                 inherit: Iterable[str] = ()) -> None:
+        """`inherit_prefixes` and `inherit` (names): more of this process's variables its
+        workers see (a pilot's workers: `SLURM_`, the Slurm job they belong to, and DEVICE_ENV,
+        the GPUs Slurm bound to it)."""
         if die_with_parent and _prctl is None:
             raise OSError("die_with_parent needs Linux prctl(PR_SET_PDEATHSIG)")
         self._preexec = _die_with_parent if die_with_parent else None
         self._inherit = inherit_prefixes
+        self._inherit_names = tuple(inherit)
         self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
         self._lock = threading.Lock()
 
@@ -108,7 +111,7 @@ class LocalTransport(Transport):
         return "127.0.0.1"
 
     def _inherited(self) -> dict[str, str]:
-        env = inherited_env(os.environ)
+        env = inherited_env(os.environ, self._inherit_names)
         if self._inherit:
             env.update({k: v for k, v in os.environ.items() if k.startswith(self._inherit)})
         return env

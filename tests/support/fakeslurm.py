@@ -19,13 +19,15 @@ print({out!r})
 
 
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-               addresses: Optional[Sequence[str]] = None) -> Path:
+               addresses: Optional[Sequence[str]] = None, gres: Optional[Sequence[Optional[str]]] = None) -> Path:
     """sinfo, squeue, scancel and scontrol on PATH that record their argv; returns the record.
-    sinfo lists node1, node2 (idle, partition scavenger), at `addresses` where given."""
+    sinfo lists node1, node2 (idle, partition scavenger), at `addresses` where given, with the
+    `gres` strings where given (None: no `gres` field at all)."""
     bin_dir, record = tmp_path / "bin", tmp_path / "argv.jsonl"
     bin_dir.mkdir()
     nodes = {"nodes": [{"name": f"node{i}", "state": "idle", "state_flags": [], "partitions": ["scavenger"],
-                        **({"address": addresses[i - 1]} if addresses else {})} for i in (1, 2)]}
+                        **({"address": addresses[i - 1]} if addresses else {}),
+                        **({"gres": gres[i - 1]} if gres and gres[i - 1] is not None else {})} for i in (1, 2)]}
     for name, out in (("sinfo", json.dumps(nodes)), ("squeue", json.dumps({"jobs": []})), ("scancel", ""),
                       ("scontrol", "node1")):
         (bin_dir / name).write_text(FAKE_SLURM.format(python=sys.executable, out=out))

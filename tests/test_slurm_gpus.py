@@ -1,0 +1,135 @@
+"""GPU nodes on Slurm: one rank per GPU. Against the real test Slurm (tests/support/slurm.py: 8
+nodes with `Gres=gpu:2`, each GPU a stand-in device file that Slurm binds like a real one):
+the source reads 2 slots per node from Slurm's GRES (`--slurm-slots` overrides it), the pilots
+ask for the node's GPUs (`--gres gpu:2`), Slurm binds them to the pilot and its workers inherit
+the binding, and a main job still preempts such a pilot at once. Slurm's GRES strings as other
+sites print them (types, sockets, several entries, none at all) come from fake sinfo JSON."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from app.__main__ import build_parser, settings_from
+from core.assemble import build, node_source
+from core.settings import HarvesterSettings
+from core.slurm.cli import SlurmCli, gpu_count
+from core.slurm.settings import SettingError, SlurmSettings
+from core.slurm.source import SlurmSource
+from core.slurm.transport import PilotTransport
+from core.transports.base import NodeSpec
+from tests.support.fakeslurm import fake_slurm
+from tests.support.procs import environ_of, run_module
+from tests.support.slurm import GPUS, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.waiting import wait
+
+NODES = [f"node{i}" for i in range(1, 9)]
+#: what Slurm's gres/gpu puts in the environment of a job it bound GPUs 0 and 1 to
+BOUND = {"CUDA_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0,1", "ZE_AFFINITY_MASK": "0,1",
+         "GPU_DEVICE_ORDINAL": "0,1"}
+
+
+@pytest.fixture
+def cluster(slurm_cluster):
+    slurm_cluster.wait_quiet()
+    yield slurm_cluster
+    slurm_cluster.wait_quiet()
+
+
+def live_settings(cluster, *options: str) -> HarvesterSettings:
+    """The settings `python -m app --source slurm OPTIONS` would run with."""
+    return settings_from(build_parser().parse_args(["--source", "slurm", "--slurm-conf", str(cluster.conf),
+                                                    *options]))
+
+
+# ---- slots from the GRES -----------------------------------------------------------------------
+def test_gres_strings_count_gpus_the_way_slurm_prints_them():
+    assert [gpu_count(g) for g in ("gpu:4", "gpu:a100:4", "gpu:a100:4(S:0-1)", "gpu:2(S:0,2)",
+                                   "gpu:a100:2(S:0),gpu:v100:2(S:1)", "gpu:4,mps:400", "nic:1,gpu:1",
+                                   "gpu", "gpu:a100", "gpu:tesla_v100-sxm2-16gb:6(S:0-1)")] == \
+        [4, 4, 4, 2, 4, 4, 1, 1, 1, 6]
+    assert [gpu_count(g) for g in ("", "(null)", "nic:1", "mps:400", "gpu:0", "gpu:x:y:z", "gpus:4")] == [0] * 7
+
+
+def test_the_source_reads_two_slots_per_node_from_slurms_gres(cluster):
+    nodes = SlurmCli(str(cluster.conf)).nodes()
+    assert [(n.name, n.gres, n.gpus) for n in nodes] == [(n, f"gpu:{GPUS}", GPUS) for n in NODES]
+    for options, slots in (((), GPUS), (("--slurm-slots", "3"), 3), (("--slurm-slots", "1"), 1)):
+        source, specs, _ = node_source(live_settings(cluster, "--slurm-dry-run", *options).live)
+        try:
+            assert [(s.name, s.slots) for s in specs] == [(n, slots) for n in NODES], options
+        finally:
+            source.close()
+
+
+def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, monkeypatch):
+    fake_slurm(tmp_path, monkeypatch, gres=[None, "gpu:a100:2(S:0),gpu:v100:2(S:1),nic:1"])
+    source = SlurmSource(SlurmSettings(dry_run=True))
+    try:
+        assert [source.slots_of(n) for n in ("node1", "node2")] == [1, 4]
+        assert "--gres" not in source._sbatch_options("node1")
+        opts = source._sbatch_options("node2")
+        assert opts[opts.index("--gres"):][:2] == ["--gres", "gpu:4"], "all the node's GPUs, any type"
+    finally:
+        source.close()
+    (tmp_path / "again").mkdir()
+    fake_slurm(tmp_path / "again", monkeypatch, gres=["(null)", ""])
+    source = SlurmSource(SlurmSettings(dry_run=True, slots=2))
+    try:
+        assert [source.slots_of(n) for n in ("node1", "node2")] == [2, 2], "--slurm-slots for every node"
+        assert "--gres" not in source._sbatch_options("node1")
+    finally:
+        source.close()
+
+
+def test_slots_are_checked_with_the_option_named():
+    for bad in (-1, 1025, 2.0, True):
+        with pytest.raises(SettingError) as e:
+            SlurmSettings(slots=bad)
+        assert e.value.field == "slots"
+    assert SlurmSettings(slots=1024).slots == 1024
+    r = run_module("app", "--source", "slurm", "--slurm-slots", "2000")
+    assert r.returncode == 2 and "error: --slurm-slots: must be a whole number from 0 to 1,024" in r.stderr, r.stderr
+
+
+# ---- pilots hold the GPUs ----------------------------------------------------------------------
+def test_pilots_ask_for_the_gpus_slurm_binds_them_and_workers_inherit_the_binding(cluster, tmp_path):
+    h = build(HarvesterSettings.parse({"db": tmp_path / "h.db", "tick_s": 0.2, "live": {
+        "source": "slurm", "dispatch": "simulated", "config": {"tfwd": 600},
+        "slurm": {"conf": str(cluster.conf), "watch": ("node[1-2]",)}}}))
+    h.open()
+    try:
+        wait(lambda: h.snapshot.kpis["idle"] == 2, 30, "pilots on node1, node2")
+        pilots = {n: h.source.hub.link(n).job for n in ("node1", "node2")}
+        jobs = cluster.jobs()
+        for n, j in pilots.items():
+            assert jobs[j]["tres_per_node"] == f"gres:gpu:{GPUS}", jobs[j]
+            procs = processes_with_env(f"SLURM_JOB_ID={j}")
+            assert procs, n
+            env = environ_of(next(iter(procs)))
+            assert {k: env.get(k) for k in BOUND} == BOUND, f"Slurm binds {n}'s GPUs to its pilot"
+
+        # a worker the pilot starts sees the pilot's GPUs and Slurm job, nothing else of it
+        transport = PilotTransport(h.source.hub)
+        handle = transport.start(NodeSpec("node1", slots=GPUS), [sys.executable, "-c", "import time; time.sleep(60)"],
+                                 {"HARVEST_PROBE": "1"}, "", str(tmp_path / "probe.log"))
+        try:
+            env = environ_of(wait(lambda: list(processes_with_env("HARVEST_PROBE=1")), 10, "the worker")[0])
+            assert {k: env.get(k) for k in BOUND} == BOUND
+            assert env["SLURM_JOB_ID"] == pilots["node1"] and env["SLURM_GPUS_ON_NODE"] == str(GPUS)
+            assert not [k for k in env if k.startswith("HARVEST_PILOT_")], "the pilot's token stays its own"
+        finally:
+            transport.stop(handle, 1.0)
+
+        # holding GPUs does not slow preemption down: a main job takes node2 at once
+        t0 = time.monotonic()
+        main = cluster.sbatch("-p", "main", "-w", "node2", "-N", "1", "--gres", f"gpu:{GPUS}", "--wrap", "sleep 1",
+                              "-o", "/dev/null")
+        wait(lambda: cluster.job_state(main) in ("RUNNING", "COMPLETING", "COMPLETED"), 10,
+             "the main job to start", period=0.02)
+        assert time.monotonic() - t0 < 2.0, f"the main job started {time.monotonic() - t0:.2f} s after its submission"
+        wait(lambda: h.snapshot.kpis["idle"] == 1 or cluster.job_state(main) != "RUNNING", 5, "node2's leave")
+    finally:
+        h.close()
+    wait(lambda: not processes_with_env("HARVEST_PROBE=1"), 10, "the probe worker gone")
