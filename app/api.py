@@ -113,8 +113,9 @@ def job(job_id):
     body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
     st = h.worker_status(job_id)
     if st:
-        body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
-                                                 "committed_step", "loss", "lost", "last_rescale")}
+        body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
+                                                 "committed_step", "loss", "lost", "last_rescale",
+                                                 "generations")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),

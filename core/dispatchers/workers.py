@@ -1,6 +1,7 @@
-"""Real training: one worker process per node, started through a transport (local processes or
-ssh), membership changes through the job's coordinator (the processes stay up; only the process
-group is rebuilt, see core/runtime/coordinator.py).
+"""Real training: one worker process per slot (GPU) of each node, started through a transport
+(local processes, ssh, or a Slurm pilot), membership changes through the job's coordinator (the
+processes stay up; only the process group is rebuilt, see core/runtime/coordinator.py). The node
+stays the unit: a node's ranks come and go together (core/runtime/ranks.py).
 
 Policy stays in the controller. This module only turns "job J runs on exactly these nodes now"
 into actions, without ever blocking the controller thread on a node: starting and stopping
@@ -11,12 +12,13 @@ events through `poll()`:
   - shrink: regroup without the leaving nodes first, then dismiss them (clean exit);
   - vacate (the main scheduler took a node): regroup without it and SIGTERM it at once,
     SIGKILL after `vacate_grace_s`;
-  - a worker that dies, or a node ssh cannot reach: the node is lost (a NODE_LEAVE), offered
+  - a worker that dies, or a node ssh cannot reach: the node is lost with all its ranks (one
+    regroup; its other ranks are stopped) (a NODE_LEAVE), offered
     again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
     lines of the worker's log in the event. Not so on a node the transport says its owner took
     back (a preempted Slurm pilot): the node source's own leave accounts for that worker.
 It also measures for the profiler: committed steps over `sample_s` of one generation are a
-throughput sample at that world size, and each regroup's pause (stop sent to first step at the
+throughput sample at that node count, and each regroup's pause (stop sent to first step at the
 new size) a rescale-cost sample.
 """
 from __future__ import annotations
@@ -32,14 +34,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..model import Event, EventKind, Job, PauseSample, RateSample
+from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
-from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
+from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from .base import Dispatcher
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"
+HISTORY = 10                 # generations a job's status shows
 
 
 @dataclass
@@ -47,9 +51,8 @@ class _Run:
     job: Job
     coord: JobCoordinator
     target: list[str] = field(default_factory=list)
-    handles: dict[str, Handle] = field(default_factory=dict)
-    leaving: set[str] = field(default_factory=set)
-    incarnation: dict[str, int] = field(default_factory=dict)   # node -> its current worker's
+    handles: dict[str, Handle] = field(default_factory=dict)     # worker key -> its process
+    incarnation: dict[str, int] = field(default_factory=dict)   # worker key -> its current one's
     crashes: int = 0
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
@@ -98,13 +101,18 @@ class WorkerDispatcher(Dispatcher):
             old = run.target
             removed = [n for n in old if n not in want]
             added = [n for n in want if n not in old]
+            unknown = [n for n in added if n not in self.specs]
+            if unknown:
+                raise ValueError(f"node {unknown[0]} is not in the inventory")
             run.target = want
-            for n in added:
-                self._start(run, n)
             survivors = [n for n in want if n in old]
-            run.coord.regroup(survivors + [n for n in want if n not in survivors])
+            order = self._keys(survivors + added)
+            for n in added:
+                self._start(run, n, order)
+            run.coord.regroup(order)
             for n in removed:
-                run.coord.dismiss(n, incarnation=run.incarnation.get(n))
+                for key in self._keys([n]):
+                    run.coord.dismiss(key, incarnation=run.incarnation.get(key))
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=self.pg_timeout_s + 5)
 
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
@@ -114,7 +122,7 @@ class WorkerDispatcher(Dispatcher):
                 return
             gone = set(lost)
             run.target = [n for n in run.target if n not in gone]
-            run.coord.regroup(list(run.target))
+            run.coord.regroup(self._keys(run.target))
             for n in lost:
                 self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
 
@@ -128,7 +136,7 @@ class WorkerDispatcher(Dispatcher):
         run.ended = True
         run.coord.close(wait=False)
         self.book.revoke(job.id)
-        for n in list(run.handles):
+        for n in {ranks.node_of(k) for k in run.handles}:
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
 
     def progress(self, job: Job, now: float) -> float:
@@ -145,7 +153,8 @@ class WorkerDispatcher(Dispatcher):
 
     def samples(self, now: float) -> list:
         """Throughput over each generation's last `sample_s` of training, and the pause of each
-        regroup between two sizes, since the last call."""
+        regroup between two sizes, since the last call. Sizes are nodes (the unit of curves),
+        whatever the ranks per node."""
         out: list = []
         t = time.monotonic()
         with self._lock:
@@ -155,12 +164,12 @@ class WorkerDispatcher(Dispatcher):
             rescale = st.get("last_rescale")
             if rescale and rescale["gen"] > run.paused_gen and rescale.get("first_step_at") is not None:
                 run.paused_gen = rescale["gen"]
-                size, before = len(rescale["members"]), rescale.get("prev_size") or 0
+                size, before = len(ranks.nodes_of(rescale["members"])), rescale.get("prev_nodes") or 0
                 pause = rescale.get("switch_s")
                 if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
                     out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
-            gen, world, step = st["generation"], st["world_size"], st["committed_step"]
-            if st["regrouping"] or world <= 0 or st["finished"] or st["failed"]:
+            gen, nodes, step = st["generation"], st["nodes"], st["committed_step"]
+            if st["regrouping"] or nodes <= 0 or st["finished"] or st["failed"]:
                 run.meter = None
                 continue
             if run.meter is None or run.meter[0] != gen:
@@ -169,7 +178,7 @@ class WorkerDispatcher(Dispatcher):
             _, t0, s0 = run.meter
             if t - t0 >= self.sample_s and step > s0:
                 rate = (step - s0) * run.job.global_batch / (t - t0)
-                out.append(RateSample(now, run.job.id, world, rate, t - t0))
+                out.append(RateSample(now, run.job.id, nodes, rate, t - t0))
                 run.meter = (gen, t, step)
         return out
 
@@ -180,8 +189,10 @@ class WorkerDispatcher(Dispatcher):
         return self.transport.host_of(spec) if spec is not None else None
 
     def status(self, job_id: str) -> Optional[dict]:
+        """The coordinator's status of the job with its last `HISTORY` generations (members,
+        per-rank checksums and places at each sync and stop)."""
         run = self._runs.get(job_id)
-        return run.coord.status() if run else None
+        return {**run.coord.status(), "generations": run.coord.generations()[-HISTORY:]} if run else None
 
     def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         return self.book.accept_http(job_id, authorization, body)
@@ -218,7 +229,7 @@ class WorkerDispatcher(Dispatcher):
             self._runs.clear()
         for run in runs:
             run.coord.close(wait=False)
-            for n in list(run.handles):
+            for n in {ranks.node_of(k) for k in run.handles}:
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
         self._pool.shutdown(wait=True)
         self.transport.close()
@@ -244,95 +255,113 @@ class WorkerDispatcher(Dispatcher):
             run = self._runs[job.id] = _Run(job, coord)
         return run
 
-    def _start(self, run: _Run, node: str) -> None:
-        spec = self.specs.get(node)
-        if spec is None:
-            raise ValueError(f"node {node} is not in the inventory")
-        env = run.coord.worker_env(node)
-        run.incarnation[node] = int(env.get("HARVEST_INCARNATION", "0"))
-        log_path = str(self.logdir / run.job.id / f"{node}-{env.get('HARVEST_INCARNATION', '0')}.log")
+    def _keys(self, nodes: Sequence[str]) -> list[str]:
+        """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
+        return [k for n in nodes for k in ranks.keys_of(n, self.specs[n].slots)]
+
+    def _start(self, run: _Run, node: str, order: list[str]) -> None:
+        """Start one worker per slot of `node` (a new incarnation of each of its keys); `order`
+        is the generation they are started for, which sets their first RANK, NODE_RANK, ..."""
+        spec = self.specs[node]
         argv = list(run.job.command)
-        run.leaving.discard(node)
+        starts: list[tuple[str, dict[str, str], str]] = []
+        for key in ranks.keys_of(node, spec.slots):
+            env = run.coord.worker_env(key)
+            env.update(ranks.place(order, key).env())
+            inc = env.get("HARVEST_INCARNATION", "0")
+            run.incarnation[key] = int(inc)
+            starts.append((key, env, str(self.logdir / run.job.id / f"{key}-{inc}.log")))
 
         def start() -> None:
+            started: dict[str, Handle] = {}
             try:
-                handle = self.transport.start(spec, argv, env, self.workdir, log_path)
+                for key, env, log_path in starts:
+                    started[key] = self.transport.start(spec, argv, env, self.workdir, log_path)
             except (StartError, ValueError) as e:
                 self._post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
                                  detail=f"cannot start the command on {node}: {e}"))
+                self._stop_handles(list(started.values()), 0.5)
                 return
             except TransportError as e:
+                self._stop_handles(list(started.values()), 0.5)
                 if not self.transport.taken_back(node):    # else the source's leave covers it
                     self._lost(run, node, f"cannot reach {node}: {e.message}")
                 return
             with self._lock:
-                if run.ended or node not in run.target:
-                    late = True
-                else:
-                    late = False
-                    run.handles[node] = handle
+                late = run.ended or node not in run.target
+                if not late:
+                    run.handles.update(started)
             if late:
-                self._stop_handle(handle, self.stop_grace_s)
+                self._stop_handles(list(started.values()), self.stop_grace_s)
         self._pool.submit(start)
 
     def _retire(self, run: _Run, node: str, grace_s: float, wait_exit_s: float, lost: bool = False) -> None:
-        """Get the worker on `node` out: give it `wait_exit_s` to exit on its own (after a
-        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps it. A lost node is
-        reported to the coordinator at once (before a new worker may start on it: the
-        coordinator knows workers by node name)."""
-        handle = run.handles.pop(node, None)
-        run.leaving.add(node)
-        inc = run.incarnation.get(node)
+        """Get every worker on `node` out: give them `wait_exit_s` to exit on their own (after a
+        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps them. A lost node is
+        reported to the coordinator at once, all its ranks in one decision (before a new worker
+        may start there: the coordinator knows workers by key)."""
+        keys = self._keys([node])
+        handles = {k: h for k in keys if (h := run.handles.pop(k, None)) is not None}
+        incs = {k: run.incarnation.get(k) for k in keys}
         if lost:
-            run.coord.node_lost(node, incarnation=inc)
-        if handle is None:
+            run.coord.workers_lost(list(incs.items()))
+        if not handles:
             return
 
         def retire() -> None:
             deadline = time.monotonic() + wait_exit_s
             try:
-                while time.monotonic() < deadline and self.transport.alive(handle):
+                while time.monotonic() < deadline and any(self.transport.alive_many(handles.values()).values()):
                     time.sleep(0.05)
             except TransportError:
                 pass
-            result = self._stop_handle(handle, grace_s)
+            results = self._stop_handles(list(handles.values()), grace_s)
             with self._lock:
-                newer = node in run.handles or node in run.target
-            if result == "kill" and not lost and not newer:
-                run.coord.node_lost(node, incarnation=inc)   # it did not leave by itself
+                newer = node in run.target or any(k in run.handles for k in keys)
+            killed = [(k, incs[k]) for k, h in handles.items() if results.get(h) == STOP_KILL]
+            if killed and not lost and not newer:
+                run.coord.workers_lost(killed)     # they did not leave by themselves
         self._pool.submit(retire)
 
-    def _stop_handle(self, handle: Handle, grace_s: float) -> str:
-        try:
-            return self.transport.stop(handle, grace_s)
-        except TransportError as e:
-            log.warning("could not stop the worker on %s: %s", handle.node.name, e)
-            return "lost"
+    def _stop_handles(self, handles: list[Handle], grace_s: float) -> dict[Handle, str]:
+        if not handles:
+            return {}
+        results = self.transport.stop_many(handles, grace_s)
+        for h, r in results.items():
+            if r == STOP_LOST:
+                log.warning("could not stop the worker %d on %s", h.pid, h.node.name)
+        return results
 
     def _check_alive(self) -> None:
+        """A worker that died or cannot be reached takes its whole node out of its job: every
+        rank of the node leaves in one regroup, the others are stopped."""
         try:
             with self._lock:
-                watched = [(run, n, h) for run in self._runs.values() if not run.ended
-                           for n, h in run.handles.items()]
+                watched = [(run, k, h) for run in self._runs.values() if not run.ended
+                           for k, h in run.handles.items()]
             alive = self.transport.alive_many([h for _, _, h in watched])
-            for run, node, handle in watched:
+            down: dict[tuple[str, str], tuple[_Run, Handle, Optional[bool]]] = {}
+            for run, key, handle in watched:
                 ok = alive.get(handle)
+                node = ranks.node_of(key)
                 if ok or self.transport.taken_back(node, handle):
                     continue          # alive, or gone with a node its owner took back (a leave)
+                down.setdefault((run.job.id, node), (run, handle, ok))
+            for (_, node), (run, handle, ok) in down.items():
                 with self._lock:
-                    if run.handles.get(node) is not handle:
+                    if not any(h is handle for h in run.handles.values()):
                         continue          # retired meanwhile: not a crash
-                    run.handles.pop(node, None)
+                    mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
                 tail = self._tail(handle)
                 why = "unreachable" if ok is None else "worker exited"
                 self._lost(run, node, f"{why} on {node}" + (f": {tail[-1]}" if tail else ""), tail)
-                self._pool.submit(self._stop_handle, handle, 0.5)
+                self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
         finally:
             self._last_check = time.monotonic()
             self._checking = False
 
     def _lost(self, run: _Run, node: str, detail: str, tail: Optional[list[str]] = None) -> None:
-        run.coord.node_lost(node, incarnation=run.incarnation.get(node))
+        run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
             run.crashes += 1
             run.last_tail = tail or run.last_tail
