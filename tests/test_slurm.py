@@ -50,10 +50,12 @@ def cluster(slurm_cluster):
 # ---- the acceptance path, through the API ------------------------------------------------------
 def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_path):
     # the job's curve is taken as given: the sizes this test expects are the harvest's alone, not
-    # the profiler's probes (tests/test_jpa_live.py tests those on real workers)
+    # the profiler's probes (tests/test_jpa_live.py tests those on real workers). One rank per
+    # node although each has 2 GPUs: 8 workers are what 2 cores run well (2 ranks per node:
+    # tests/test_slurm_gpus.py)
     app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
                     "--slurm-pilot-logs", str(tmp_path), "--tfwd", "600", "--workdir", str(ROOT),
-                    "--no-profiler")
+                    "--no-profiler", "--slurm-slots", "1")
     try:
         jid = _acceptance(app, cluster)
     finally:

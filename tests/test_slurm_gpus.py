@@ -3,7 +3,12 @@ nodes with `Gres=gpu:2`, each GPU a stand-in device file that Slurm binds like a
 the source reads 2 slots per node from Slurm's GRES (`--slurm-slots` overrides it), the pilots
 ask for the node's GPUs (`--gres gpu:2`), Slurm binds them to the pilot and its workers inherit
 the binding, and a main job still preempts such a pilot at once. Slurm's GRES strings as other
-sites print them (types, sockets, several entries, none at all) come from fake sinfo JSON."""
+sites print them (types, sockets, several entries, none at all) come from fake sinfo JSON.
+
+End to end through `python -m app --source slurm` and the API: each pilot starts both ranks of
+its node (LOCAL_RANK 0 and 1, its children, in its Slurm job, with its GPUs), a main job that
+preempts one node takes both of its ranks, and the job goes on and finishes with exactly its
+samples."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +17,7 @@ import time
 import pytest
 
 from app.__main__ import build_parser, settings_from
+from core.runtime import ranks
 from core.assemble import build, node_source
 from core.settings import HarvesterSettings
 from core.slurm.cli import SlurmCli, gpu_count
@@ -20,11 +26,15 @@ from core.slurm.source import SlurmSource
 from core.slurm.transport import PilotTransport
 from core.transports.base import NodeSpec
 from tests.support.fakeslurm import fake_slurm
-from tests.support.procs import environ_of, run_module
-from tests.support.slurm import GPUS, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.procs import environ_of, leftovers, run_module, worker_pid
+from tests.support.server import ROOT, start_app
+from tests.support.slurm import GPUS, alive, parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
+HARVESTED = NODES[:3]                # the end-to-end test's nodes (2 ranks each: 6 processes on 2 cores)
+GLOBAL_BATCH = 60                    # not a multiple of 4: the shards of 4 and 6 ranks differ in size
+TOTAL = GLOBAL_BATCH * 900
 #: what Slurm's gres/gpu puts in the environment of a job it bound GPUs 0 and 1 to
 BOUND = {"CUDA_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0,1", "ZE_AFFINITY_MASK": "0,1",
          "GPU_DEVICE_ORDINAL": "0,1"}
@@ -133,3 +143,78 @@ def test_pilots_ask_for_the_gpus_slurm_binds_them_and_workers_inherit_the_bindin
     finally:
         h.close()
     wait(lambda: not processes_with_env("HARVEST_PROBE=1"), 10, "the probe worker gone")
+
+
+# ---- end to end --------------------------------------------------------------------------------
+def test_a_job_runs_one_rank_per_gpu_and_a_preempted_node_takes_both(cluster, tmp_path):
+    app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
+                    "--slurm-watch", ",".join(HARVESTED), "--slurm-pilot-logs", str(tmp_path),
+                    "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler")
+    try:
+        jid, pilots = _two_ranks_per_node(app, cluster)
+    finally:
+        app.stop()
+    print(app.output()[-3000:])
+    assert not [j for j in cluster.jobs().values() if j["job_state"] in ("RUNNING", "PENDING")
+                and j["name"] == "harvest-pilot"], "the harvester cancels its pilots when it stops"
+    wait(lambda: not leftovers(jid), 15, "every worker gone with its pilot")
+    wait(lambda: not [p for j in pilots.values() for p in processes_with_env(f"SLURM_JOB_ID={j}")], 15,
+         "every pilot process gone")
+
+
+def _two_ranks_per_node(app, cluster) -> tuple[str, dict[str, str]]:
+    clu = lambda: app.get("/api/cluster")[1]
+    wait(lambda: clu()["kpis"]["idle"] == len(HARVESTED), 60, "pilots on the 3 nodes", clu)
+    pilots = {j["nodes"]: str(j["job_id"]) for j in cluster.jobs().values()
+              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
+    assert sorted(pilots) == HARVESTED, pilots
+    status, job = app.request("POST", "/api/jobs", {
+        "name": "digits, a rank per GPU", "min_nodes": 1, "max_nodes": len(HARVESTED), "total_samples": TOTAL,
+        "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
+        "command": [sys.executable, "examples/digits_cnn.py", "--seed", "5", "--step-seconds", "0.05",
+                    "--log-every", "1000000"]}, token=app.token("alice"))
+    assert status == 201, job
+    jid = job["id"]
+    get = lambda: app.get(f"/api/jobs/{jid}")[1]
+    seen: dict[int, dict] = {}
+
+    def workers() -> dict:
+        w = get().get("workers") or {}
+        for g in w.get("generations") or []:
+            seen[g["gen"]] = g
+        return w
+    at = lambda n: (lambda: (lambda w: w.get("nodes") == n and w.get("world_size") == n * GPUS
+                             and not w.get("regrouping"))(workers()))
+    wait(at(3), 150, "3 nodes x 2 ranks", workers)
+
+    # each pilot started both ranks of its node: its children, in its Slurm job, with its GPUs
+    for n in HARVESTED:
+        pilot_pids = set(processes_with_env(f"SLURM_JOB_ID={pilots[n]}"))
+        for key in ranks.keys_of(n, GPUS):
+            pid = worker_pid(jid, key)
+            assert pid, f"no worker for {key}"
+            env = environ_of(pid)
+            assert parent(pid) in pilot_pids and env["SLURM_JOB_ID"] == pilots[n], key
+            assert env["LOCAL_RANK"] == str(ranks.slot_of(key)) and env["LOCAL_WORLD_SIZE"] == str(GPUS), env
+            assert {k: env.get(k) for k in BOUND} == BOUND, f"{key} sees the GPUs Slurm bound to its pilot"
+            assert not [k for k in env if k.startswith("HARVEST_PILOT_")], "the pilot's token stays its own"
+
+    # a main job takes node3: Slurm preempts its pilot, and both of its ranks go at once
+    victim = HARVESTED[-1]
+    pids = [worker_pid(jid, k) for k in ranks.keys_of(victim, GPUS)]
+    t0 = time.monotonic()
+    main = cluster.sbatch("-p", "main", "-w", victim, "-N", "1", "--wrap", "sleep 5", "-o", "/dev/null")
+    wait(lambda: not any(alive(p) for p in pids), 10, f"both ranks of {victim} gone", period=0.02)
+    vacate_s = time.monotonic() - t0
+    wait(lambda: cluster.job_state(main) in ("RUNNING", "COMPLETING", "COMPLETED"), 10, "the main job to start")
+    assert vacate_s < 2.0, f"{victim}'s ranks were gone {vacate_s:.2f} s after the main job's submission"
+    wait(at(2), 30, "the job on 2 nodes x 2 ranks", workers)
+    assert get()["state"] == "running"
+
+    wait(lambda: (workers(), get()["state"] == "done")[1], 300, "the job to finish", get)
+    final = get()
+    assert final["samples_done"] == TOTAL, final
+    sizes = {len(g["members"]) for g in seen.values()}
+    assert {4, 6} <= sizes and all(k % GPUS == 0 for k in sizes), f"a node's ranks came or went apart: {sizes}"
+    print(f"both ranks of a preempted node gone {vacate_s:.2f} s after the main job's submission")
+    return jid, pilots
