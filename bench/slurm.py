@@ -1,19 +1,21 @@
 """Giving nodes back to a real Slurm: how fast the harvester gets off the nodes a main job needs.
 
-    python -m bench.slurm [--json] [--repeats 20] [--nodes 8] [--main-nodes 4] [--dispatch pilot|simulated]
-                          [--grace S] [--keep DIR]
+    python -m bench.slurm [--json] [--repeats 20] [--nodes 8] [--main-nodes 4] [--slots 1]
+                          [--dispatch pilot|simulated] [--grace S] [--keep DIR]
 
 Starts the test Slurm (tests/slurm.py: munged, slurmctld, N slurmd on loopback, a preemptible
 `scavenger` partition with GraceTime=0) in a temporary folder and the harvester in this process
 (the Slurm source, the live loop, and a job of examples/digits_cnn.py whose workers run inside
-the pilots: `--dispatch pilot`; or the simulated dispatcher). Once the job holds every node, it
+the pilots: `--dispatch pilot`; or the simulated dispatcher). Each node has `--slots` GPUs
+(`Gres=gpu:N`), so the job runs N ranks per node, all started by the node's pilot, and a vacate
+is over when every one of them is gone. Once the job holds every node, it
 submits `--repeats` main jobs one after another (`sbatch -p main -N <main-nodes> --wrap 'sleep 1'`)
 and times, from each submission:
 
 - leave: until the controller has taken the job off every node the main job got (its NODE_LEAVE
   handled and the workers told);
 - vacated: until, in addition, nothing of the harvester is left on those nodes (the pilot
-  process and the worker it hosted are gone: /proc read every 2 ms);
+  process and the workers it hosted are gone: /proc read every 2 ms);
 - main start: until squeue shows the main job RUNNING;
 - re-harvest: from the main job's end until pilots hold all its nodes again.
 
@@ -66,8 +68,8 @@ def _held(h: Harvester, job_id: str) -> set[str]:
 
 
 def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: str,
-            grace_s: float = SlurmSettings.worker_grace_s, log=print) -> dict:
-    cluster = start_cluster(workdir / "slurm", nodes)
+            grace_s: float = SlurmSettings.worker_grace_s, slots: int = 1, log=print) -> dict:
+    cluster = start_cluster(workdir / "slurm", nodes, gpus=slots)     # slots from the GRES
     h = None
     out: dict[str, list[float]] = {"leave": [], "vacated": [], "main": [], "reharvest": [],
                                    "sigterm": [], "term_leave": [], "term_gone": []}
@@ -93,7 +95,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
             if dispatch != "pilot":
                 return True
             st = h.worker_status(job.id) or {}
-            return st.get("world_size") == nodes and not st.get("regrouping")
+            return st.get("nodes") == nodes and st.get("world_size") == nodes * slots and not st.get("regrouping")
 
         _wait(full, 240, f"the job on all {nodes} nodes")
         for k in range(repeats):
@@ -164,8 +166,8 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
             "sigterm_ms_p50": p("sigterm", 0.5), "sigterm_ms_p95": p("sigterm", 0.95),
             "sigterm_to_leave_ms_p50": p("term_leave", 0.5), "sigterm_to_leave_ms_p95": p("term_leave", 0.95),
             "sigterm_to_vacated_ms_p50": p("term_gone", 0.5), "sigterm_to_vacated_ms_p95": p("term_gone", 0.95),
-            "rounds": len(out["vacated"]), "nodes": nodes, "main_nodes": main_nodes, "dispatch": dispatch,
-            "worker_grace_s": grace_s}
+            "rounds": len(out["vacated"]), "nodes": nodes, "main_nodes": main_nodes, "slots": slots,
+            "dispatch": dispatch, "worker_grace_s": grace_s}
 
 
 def main(argv=None) -> int:
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--main-nodes", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=1,
+                    help="GPUs per node (Gres=gpu:N), so ranks per node (default 1)")
     ap.add_argument("--dispatch", choices=("pilot", "simulated"), default="pilot")
     ap.add_argument("--grace", type=float, default=SlurmSettings.worker_grace_s,
                     help="seconds a preempted pilot gives its worker between SIGTERM and SIGKILL")
@@ -182,15 +186,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.main_nodes <= args.nodes:
         ap.error("--main-nodes must be between 1 and --nodes")
+    if not 1 <= args.slots <= 64:
+        ap.error("--slots must be between 1 and 64")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=False)
-        r = measure(args.keep, args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace)
+        r = measure(args.keep, args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
-            r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace)
-    print(f"{args.repeats} main jobs of {args.main_nodes} nodes on {args.nodes} harvested nodes "
-          f"({args.dispatch} workers, worker grace {args.grace:g} s)")
+            r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots)
+    print(f"{args.repeats} main jobs of {args.main_nodes} nodes on {args.nodes} harvested nodes of {args.slots} "
+          f"slot(s) (Gres=gpu:{args.slots}, {args.slots} rank(s) per node; {args.dispatch} workers, "
+          f"worker grace {args.grace:g} s)")
     print(f"{'from the main job submission to':<58} {'p50 ms':>8} {'p95 ms':>8} {'goal':>10}")
     print(f"{'the harvester off its nodes (leave handled)':<58} {r['leave_ms_p50']:>8} {r['leave_ms_p95']:>8}")
     print(f"{'nodes vacated (leave handled, pilots and workers gone)':<58} {r['vacate_ms_p50']:>8} "

@@ -186,28 +186,36 @@ class LocalTransport(Transport):
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
-        for h in pending:
-            self.kill(h)
-            out[h] = STOP_KILL
+        self._kill_together(pending)
+        out.update({h: STOP_KILL for h in pending})
         return out
 
     def kill(self, handle: Handle) -> None:
-        if not self._ours(handle):
-            return
-        _signal_group(handle.pid, signal.SIGKILL)
+        self._kill_together([handle])
+
+    def _kill_together(self, handles: list[Handle]) -> None:
+        """SIGKILL every one of these groups first, then wait until all are gone (at most
+        _KILL_WAIT_S): the ranks of a node a pilot must give back die in parallel, not one
+        after the other."""
+        handles = [h for h in handles if self._ours(h)]
+        for h in handles:
+            _signal_group(h.pid, signal.SIGKILL)
         deadline = time.monotonic() + _KILL_WAIT_S
-        while True:
-            self._reap(handle)
-            if not group_alive(handle.pid) or time.monotonic() >= deadline:
+        while handles:
+            for h in handles:
+                self._reap(h)
+            groups = live_groups()
+            if not any(group_alive(h.pid, groups) for h in handles) or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
-        proc = self._proc(handle)
-        if proc is not None:
-            try:
-                proc.wait(1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self._reap(handle)
+        for h in handles:
+            proc = self._proc(h)
+            if proc is not None:
+                try:
+                    proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                self._reap(h)
 
     def tail(self, handle: Handle, lines: int = 20) -> list[str]:
         return tail_file(handle.log_path, lines)
