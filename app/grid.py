@@ -168,15 +168,16 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
     info = snap.node_info
     sizes = Counter(j for j in snap.job_of if j in snap.probing) if snap.probing else {}
     multi = snap.kpis.get("gpus", len(snap.nodes)) > len(snap.nodes)
-    holds = job_extents(snap) if multi else {}
-    for i, (st, job) in enumerate(zip(snap.state, snap.job_of)):
+    per_node = snap.slots if multi and snap.slots else (1,) * len(snap.nodes)
+    node_words = {k: f"<br>{gpus(k)}" if multi else "" for k in set(per_node)}
+    job_words = {j: f" · the job: {e}" for j, e in job_extents(snap).items()} if multi else {}
+    for i, (st, job, k) in enumerate(zip(snap.state, snap.job_of, per_node)):
         since = _when(snap.since[i] if snap.since else None)
         if info and info[i]:
             since += f" · {info[i]}"          # the source's own word on the node (Slurm's state)
-        own = f"<br>{gpus(snap.slots_of(i))}" if multi else ""
+        own = node_words[k]
         if st == HELD and job is not None:
-            if job in holds:
-                own += f" · the job: {holds[job]}"
+            own += job_words.get(job, "")
             if job in snap.rescaling:
                 codes[i] = C_RESCALE
                 text.append(f"rescaling {names.get(job, job)}{since}{own}")

@@ -31,10 +31,6 @@ class Snapshot:
     solve_times: SolveHistogram = SolveHistogram()  # every solve so far, bucketed (for /metrics)
     slots: tuple[int, ...] = ()                  # ranks (GPUs) per node; a job runs the sum over its nodes
 
-    def slots_of(self, i: int) -> int:
-        """Slots of the i-th node (1 in a snapshot made without them)."""
-        return self.slots[i] if self.slots else 1
-
     def job(self, job_id: str) -> Optional[dict]:
         for j in self.jobs:
             if j["id"] == job_id:
