@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="live: where idle nodes come from: a static list (--local-nodes / --nodes), "
                            "or a Slurm cluster's idle nodes, held with preemptible pilot jobs")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
+    live.add_argument("--local-slots", type=int, default=1, metavar="N",
+                      help="live: ranks per local node, one worker process each (GPUs per node; default 1)")
     live.add_argument("--ssh-config", type=Path, help="live: ssh client config for --dispatch ssh (Host aliases, keys)")
     live.add_argument("--workdir", default="", help="live: working directory of workers on the nodes")
     live.add_argument("--advertise", default="", metavar="HOST",
@@ -118,6 +120,7 @@ def live_settings(args) -> dict:
     given = vars(args)
     config = {k: given[k] for k in CONFIG_KEYS if given[k] is not None}
     live = {"source": args.source, "dispatch": args.dispatch, "local_nodes": args.local_nodes,
+            "local_slots": args.local_slots,
             "inventory": args.nodes, "ssh_config": args.ssh_config, "workdir": args.workdir,
             "advertise": args.advertise, "bind": args.bind,
             "worker_env": tuple(n.strip() for n in args.worker_env.split(",") if n.strip()),

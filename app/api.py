@@ -21,6 +21,7 @@ from flask import jsonify, request
 from pydantic import ValidationError
 
 from core.explain import why
+from core.model import LAUNCHER_TORCHRUN
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
 from core.snapshot import BUSY, HELD
@@ -114,10 +115,14 @@ def job(job_id):
     body = _job_json(info)
     body["curve"] = job.curve.to_dict()
     body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
+    body["launcher"] = job.launcher
+    if job.launcher == LAUNCHER_TORCHRUN:
+        body["progress_pattern"], body["stop_grace_seconds"] = job.progress_pattern, job.stop_grace_seconds
     st = h.worker_status(job_id)
     if st:
-        body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "members", "regrouping",
-                                                 "committed_step", "loss", "lost", "last_rescale")}
+        body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
+                                                 "committed_step", "loss", "lost", "last_rescale",
+                                                 "generations")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),

@@ -58,7 +58,8 @@ def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Opt
         except SettingsError as e:
             raise e.within("live.slurm") from None
         return source, [NodeSpec(n) for n in source.node_names()], source.hub
-    specs = local_nodes(live.local_nodes) if live.local_nodes is not None else load_inventory(Path(live.inventory))
+    specs = (local_nodes(live.local_nodes, live.local_slots) if live.local_nodes is not None
+             else load_inventory(Path(live.inventory)))
     return StaticSource([n.name for n in specs]), specs, None
 
 

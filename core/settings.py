@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from .controller import QUEUE_ORDERS, ControllerConfig
 from .errors import SettingsError
+from .inventory import MAX_SLOTS
 from .jpa import JPAConfig
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
@@ -75,6 +76,7 @@ class LiveSettings(_Settings):
     source: Literal["static", "slurm"] = "static"
     dispatch: Optional[Dispatch] = None          # None: pilot with the Slurm source
     local_nodes: Optional[int] = None            # static source: this many local 'nodes'
+    local_slots: int = 1                         # ranks (GPUs) per local node
     inventory: Optional[Path] = None             # static source: hostname, ssh target, slots per line
     ssh_config: Optional[Path] = None
     workdir: str = ""                            # workers' working directory on the nodes
@@ -93,6 +95,13 @@ class LiveSettings(_Settings):
     def _at_least_one(cls, v: Optional[int]) -> Optional[int]:
         if v is not None and v < 1:
             raise SettingsError("", "must be at least 1")
+        return v
+
+    @field_validator("local_slots")
+    @classmethod
+    def _slots(cls, v: int) -> int:
+        if not 1 <= v <= MAX_SLOTS:
+            raise SettingsError("", f"must be a whole number from 1 to {MAX_SLOTS}")
         return v
 
     @field_validator("advertise", "bind")
@@ -136,6 +145,8 @@ class LiveSettings(_Settings):
             raise SettingsError("dispatch", "pilot runs workers inside Slurm pilot jobs: it needs {source} slurm")
         if self.local_nodes is not None and self.inventory is not None:
             raise SettingsError("local_nodes", "give either {local_nodes} or {inventory}, not both")
+        if self.local_slots != 1 and self.local_nodes is None:
+            raise SettingsError("local_slots", "{local_slots} is for {local_nodes}; an inventory gives slots per node")
         if self.local_nodes is None and self.inventory is None:
             raise SettingsError("local_nodes", "live mode needs {local_nodes} N or {inventory} FILE")
         if self.dispatch == "ssh" and self.inventory is None:

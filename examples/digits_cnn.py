@@ -1,6 +1,7 @@
 """Example elastic job: a small CNN learning the generated 16x16 digits (examples/data.py).
 
-Under the controller every node runs this same command with the coordinator's environment;
+Under the controller every rank (one per GPU of each node, one per CPU node) runs this same
+command with the coordinator's environment, on `job.device` (cuda:LOCAL_RANK, else the CPU);
 alone (no HARVEST_* environment) it trains on this machine, world size 1:
 
     python examples/digits_cnn.py --total-samples 12800 --global-batch 64
@@ -60,15 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     job = elastic.init(args.global_batch, args.total_samples, checkpoint_dir=args.checkpoint_dir,
                        checkpoint_every_s=args.checkpoint_every, seed=args.seed)
     torch.manual_seed(args.seed)
-    x_train, y_train, x_test, y_test = (torch.from_numpy(a) for a in make_digits(seed=args.seed))
-    model = build_model()
+    dev = job.device
+    x_train, y_train, x_test, y_test = (torch.from_numpy(a).to(dev) for a in make_digits(seed=args.seed))
+    model = build_model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     job.attach(model, opt, dataset_size=len(x_train))
 
     t0 = time.monotonic()
     for step in job.steps():
         t_step = time.monotonic()
-        idx = job.shard(step)
+        idx = job.shard(step).to(dev)
         opt.zero_grad(set_to_none=True)
         loss_sum = F.cross_entropy(job.model(x_train[idx]), y_train[idx], reduction="sum")
         (loss_sum * job.loss_weight(step)).backward()

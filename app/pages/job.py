@@ -6,6 +6,7 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from core.explain import why
+from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
@@ -85,7 +86,9 @@ def update_job(n, job_id):
             _fact("progress", f'{100 * info["progress"]:.1f} % of {si(job.total_samples)}'),
             _fact("ETA", sim_time(info["eta"]) if info["eta"] else "–"),
             _fact("submitted", sim_time(job.submit_time)),
-            _fact("grow / shrink pause" + (" (learned)" if profile else ""),
+            *([_fact("launcher", LAUNCHER_TEXT.get(job.launcher, job.launcher))] if job.command else []),
+            _fact(("restart cost up / down" if job.launcher == LAUNCHER_TORCHRUN else "grow / shrink pause")
+                  + (" (learned)" if profile else ""),
                   f"{_pause(profile['scale_up_seconds'] if profile else job.scale_up_seconds)} / "
                   f"{_pause(profile['scale_down_seconds'] if profile else job.scale_down_seconds)}"),
         ], className="facts"),
@@ -101,6 +104,10 @@ def update_job(n, job_id):
             nodes_figure(allocs, snap.time, info), progress_figure(thr, snap.time, info, job.total_samples),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
             probe_rows(profile), shown, probes_title(profile))
+
+
+LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
+                 LAUNCHER_TORCHRUN: "restart-based (torchrun)"}
 
 
 def job_log(events, allocs, limit=200) -> list[dict]:

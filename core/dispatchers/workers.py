@@ -1,6 +1,7 @@
-"""Real training: one worker process per node, started through a transport (local processes or
-ssh), membership changes through the job's coordinator (the processes stay up; only the process
-group is rebuilt, see core/runtime/coordinator.py).
+"""Real training: one worker process per slot (GPU) of each node, started through a transport
+(local processes, ssh, or a Slurm pilot), membership changes through the job's coordinator (the
+processes stay up; only the process group is rebuilt, see core/runtime/coordinator.py). The node
+stays the unit: a node's ranks come and go together (core/runtime/ranks.py).
 
 Policy stays in the controller. This module only turns "job J runs on exactly these nodes now"
 into actions, without ever blocking the controller thread on a node: starting and stopping
@@ -11,12 +12,13 @@ events through `poll()`:
   - shrink: regroup without the leaving nodes first, then dismiss them (clean exit);
   - vacate (the main scheduler took a node): regroup without it and SIGTERM it at once,
     SIGKILL after `vacate_grace_s`;
-  - a worker that dies, or a node ssh cannot reach: the node is lost (a NODE_LEAVE), offered
+  - a worker that dies, or a node ssh cannot reach: the node is lost with all its ranks (one
+    regroup; its other ranks are stopped) (a NODE_LEAVE), offered
     again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
     lines of the worker's log in the event. Not so on a node the transport says its owner took
     back (a preempted Slurm pilot): the node source's own leave accounts for that worker.
 It also measures for the profiler: committed steps over `sample_s` of one generation are a
-throughput sample at that world size, and each regroup's pause (stop sent to first step at the
+throughput sample at that node count, and each regroup's pause (stop sent to first step at the
 new size) a rescale-cost sample.
 """
 from __future__ import annotations
@@ -31,15 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..model import Event, EventKind, Job, PauseSample, RateSample
+from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
+from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
-from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
+from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from .base import Dispatcher
+from .restarts import RestartJobs
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"
+HISTORY = 10                 # generations a job's status shows
 
 
 @dataclass
@@ -47,9 +52,8 @@ class _Run:
     job: Job
     coord: JobCoordinator
     target: list[str] = field(default_factory=list)
-    handles: dict[str, Handle] = field(default_factory=dict)
-    leaving: set[str] = field(default_factory=set)
-    incarnation: dict[str, int] = field(default_factory=dict)   # node -> its current worker's
+    handles: dict[str, Handle] = field(default_factory=dict)     # worker key -> its process
+    incarnation: dict[str, int] = field(default_factory=dict)   # worker key -> its current one's
     crashes: int = 0
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
@@ -89,36 +93,52 @@ class WorkerDispatcher(Dispatcher):
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dispatch")
         self._checking = False
         self._last_check = 0.0
+        self.restarts = RestartJobs(transport, self.specs, self.logdir, workdir, self._base_env,
+                                    self._pool.submit, self._post, self._restart_lost, sample_s=sample_s)
 
     # ---- what the controller asks ---------------------------------------------------------
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            unknown = [n for n in nodes if n not in self.specs]
+            if unknown:
+                raise ValueError(f"node {unknown[0]} is not in the inventory")
+            return self.restarts.resize(job, nodes, now)
         with self._lock:
             run = self._run(job)
             want = list(nodes)
             old = run.target
             removed = [n for n in old if n not in want]
             added = [n for n in want if n not in old]
+            unknown = [n for n in added if n not in self.specs]
+            if unknown:
+                raise ValueError(f"node {unknown[0]} is not in the inventory")
             run.target = want
-            for n in added:
-                self._start(run, n)
             survivors = [n for n in want if n in old]
-            run.coord.regroup(survivors + [n for n in want if n not in survivors])
+            order = self._keys(survivors + added)
+            for n in added:
+                self._start(run, n, order)
+            run.coord.regroup(order)
             for n in removed:
-                run.coord.dismiss(n, incarnation=run.incarnation.get(n))
+                for key in self._keys([n]):
+                    run.coord.dismiss(key, incarnation=run.incarnation.get(key))
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=self.pg_timeout_s + 5)
 
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.vacate(job, lost, now)
         with self._lock:
             run = self._runs.get(job.id)
             if run is None:
                 return
             gone = set(lost)
             run.target = [n for n in run.target if n not in gone]
-            run.coord.regroup(list(run.target))
+            run.coord.regroup(self._keys(run.target))
             for n in lost:
                 self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
 
     def stop(self, job: Job, now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.stop(job)
         with self._lock:
             run = self._runs.pop(job.id, None)
         if run is None:
@@ -128,16 +148,20 @@ class WorkerDispatcher(Dispatcher):
         run.ended = True
         run.coord.close(wait=False)
         self.book.revoke(job.id)
-        for n in list(run.handles):
+        for n in {ranks.node_of(k) for k in run.handles}:
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
 
     def progress(self, job: Job, now: float) -> float:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.progress(job)
         run = self._runs.get(job.id)
         if run is None:
             return job.samples_done
         return max(job.samples_done, float(run.coord.status()["samples_done"]))
 
     def rate(self, job: Job) -> float:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.rate(job)
         run = self._runs.get(job.id)
         if run is None:
             return 0.0
@@ -145,8 +169,9 @@ class WorkerDispatcher(Dispatcher):
 
     def samples(self, now: float) -> list:
         """Throughput over each generation's last `sample_s` of training, and the pause of each
-        regroup between two sizes, since the last call."""
-        out: list = []
+        regroup between two sizes, since the last call. Sizes are nodes (the unit of curves),
+        whatever the ranks per node."""
+        out: list = self.restarts.samples()
         t = time.monotonic()
         with self._lock:
             runs = [r for r in self._runs.values() if not r.ended]
@@ -155,12 +180,12 @@ class WorkerDispatcher(Dispatcher):
             rescale = st.get("last_rescale")
             if rescale and rescale["gen"] > run.paused_gen and rescale.get("first_step_at") is not None:
                 run.paused_gen = rescale["gen"]
-                size, before = len(rescale["members"]), rescale.get("prev_size") or 0
+                size, before = len(ranks.nodes_of(rescale["members"])), rescale.get("prev_nodes") or 0
                 pause = rescale.get("switch_s")
                 if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
                     out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
-            gen, world, step = st["generation"], st["world_size"], st["committed_step"]
-            if st["regrouping"] or world <= 0 or st["finished"] or st["failed"]:
+            gen, nodes, step = st["generation"], st["nodes"], st["committed_step"]
+            if st["regrouping"] or nodes <= 0 or st["finished"] or st["failed"]:
                 run.meter = None
                 continue
             if run.meter is None or run.meter[0] != gen:
@@ -169,7 +194,7 @@ class WorkerDispatcher(Dispatcher):
             _, t0, s0 = run.meter
             if t - t0 >= self.sample_s and step > s0:
                 rate = (step - s0) * run.job.global_batch / (t - t0)
-                out.append(RateSample(now, run.job.id, world, rate, t - t0))
+                out.append(RateSample(now, run.job.id, nodes, rate, t - t0))
                 run.meter = (gen, t, step)
         return out
 
@@ -180,8 +205,12 @@ class WorkerDispatcher(Dispatcher):
         return self.transport.host_of(spec) if spec is not None else None
 
     def status(self, job_id: str) -> Optional[dict]:
+        """The coordinator's status of the job with its last `HISTORY` generations (members,
+        per-rank checksums and places at each sync and stop)."""
         run = self._runs.get(job_id)
-        return run.coord.status() if run else None
+        if run is None:
+            return self.restarts.status(job_id)
+        return {**run.coord.status(), "generations": run.coord.generations()[-HISTORY:]}
 
     def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         return self.book.accept_http(job_id, authorization, body)
@@ -207,7 +236,7 @@ class WorkerDispatcher(Dispatcher):
                     events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id,
                                         detail=self._why_failed(run, st["error"])))
             if not self._checking and time.monotonic() - self._last_check >= self.alive_every_s and \
-                    any(r.handles for r in self._runs.values()):
+                    (any(r.handles for r in self._runs.values()) or self.restarts.handles()):
                 self._checking = True
                 self._pool.submit(self._check_alive)
         return events
@@ -218,8 +247,10 @@ class WorkerDispatcher(Dispatcher):
             self._runs.clear()
         for run in runs:
             run.coord.close(wait=False)
-            for n in list(run.handles):
+            for n in {ranks.node_of(k) for k in run.handles}:
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
+        for job in [r.job for r in self.restarts.runs.values()]:
+            self.restarts.stop(job)
         self._pool.shutdown(wait=True)
         self.transport.close()
 
@@ -232,10 +263,8 @@ class WorkerDispatcher(Dispatcher):
             token = secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
             ckpt = self.logdir / job.id / "checkpoint"
-            extra = {k: os.environ[k] for k in self.worker_env if k in os.environ}
-            extra.update({ENV_CHECKPOINT_DIR: str(ckpt), "OMP_NUM_THREADS": "1"})
-            if self.pythonpath:
-                extra["PYTHONPATH"] = self.pythonpath
+            extra = self._base_env()
+            extra[ENV_CHECKPOINT_DIR] = str(ckpt)
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
                                    host=self.coordinator_host, bind_host=self.coordinator_bind,
                                    report_url=url, token=token,
@@ -244,95 +273,138 @@ class WorkerDispatcher(Dispatcher):
             run = self._runs[job.id] = _Run(job, coord)
         return run
 
-    def _start(self, run: _Run, node: str) -> None:
-        spec = self.specs.get(node)
-        if spec is None:
-            raise ValueError(f"node {node} is not in the inventory")
-        env = run.coord.worker_env(node)
-        run.incarnation[node] = int(env.get("HARVEST_INCARNATION", "0"))
-        log_path = str(self.logdir / run.job.id / f"{node}-{env.get('HARVEST_INCARNATION', '0')}.log")
+    def _base_env(self) -> dict[str, str]:
+        """What every worker gets besides its job's own variables: the site's names
+        (`worker_env`), one thread per rank, and this checkout on PYTHONPATH."""
+        env = {k: os.environ[k] for k in self.worker_env if k in os.environ}
+        env["OMP_NUM_THREADS"] = "1"
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
+        return env
+
+    def _restart_lost(self, job_id: str, node: str, detail: str) -> None:
+        """A restart-based job lost `node` (a rank died or it cannot be reached): the same
+        accounting as a runtime job's lost node (a leave, offered again later, a crash count)."""
+        run = self.restarts.runs.get(job_id)
+        if run is None:
+            return
+        with self._lock:
+            self._events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, job=job_id, detail=detail))
+            self._rejoin.append((time.time() + self.rejoin_after_s, node))
+            if run.crashes >= self.max_crashes and not run.ended:
+                run.ended = True
+                self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=job_id,
+                                          detail=f"{run.crashes} ranks lost; last: {detail}"))
+
+    def _keys(self, nodes: Sequence[str]) -> list[str]:
+        """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
+        return [k for n in nodes for k in ranks.keys_of(n, self.specs[n].slots)]
+
+    def _start(self, run: _Run, node: str, order: list[str]) -> None:
+        """Start one worker per slot of `node` (a new incarnation of each of its keys); `order`
+        is the generation they are started for, which sets their first RANK, NODE_RANK, ..."""
+        spec = self.specs[node]
         argv = list(run.job.command)
-        run.leaving.discard(node)
+        starts: list[tuple[str, dict[str, str], str]] = []
+        for key in ranks.keys_of(node, spec.slots):
+            env = run.coord.worker_env(key)
+            env.update(ranks.place(order, key).env())
+            inc = env.get("HARVEST_INCARNATION", "0")
+            run.incarnation[key] = int(inc)
+            starts.append((key, env, str(self.logdir / run.job.id / f"{key}-{inc}.log")))
 
         def start() -> None:
+            started: dict[str, Handle] = {}
             try:
-                handle = self.transport.start(spec, argv, env, self.workdir, log_path)
+                for key, env, log_path in starts:
+                    started[key] = self.transport.start(spec, argv, env, self.workdir, log_path)
             except (StartError, ValueError) as e:
                 self._post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
                                  detail=f"cannot start the command on {node}: {e}"))
+                self._stop_handles(list(started.values()), 0.5)
                 return
             except TransportError as e:
+                self._stop_handles(list(started.values()), 0.5)
                 if not self.transport.taken_back(node):    # else the source's leave covers it
                     self._lost(run, node, f"cannot reach {node}: {e.message}")
                 return
             with self._lock:
-                if run.ended or node not in run.target:
-                    late = True
-                else:
-                    late = False
-                    run.handles[node] = handle
+                late = run.ended or node not in run.target
+                if not late:
+                    run.handles.update(started)
             if late:
-                self._stop_handle(handle, self.stop_grace_s)
+                self._stop_handles(list(started.values()), self.stop_grace_s)
         self._pool.submit(start)
 
     def _retire(self, run: _Run, node: str, grace_s: float, wait_exit_s: float, lost: bool = False) -> None:
-        """Get the worker on `node` out: give it `wait_exit_s` to exit on its own (after a
-        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps it. A lost node is
-        reported to the coordinator at once (before a new worker may start on it: the
-        coordinator knows workers by node name)."""
-        handle = run.handles.pop(node, None)
-        run.leaving.add(node)
-        inc = run.incarnation.get(node)
+        """Get every worker on `node` out: give them `wait_exit_s` to exit on their own (after a
+        dismiss), then SIGTERM, SIGKILL after `grace_s`; always reaps them. A lost node is
+        reported to the coordinator at once, all its ranks in one decision (before a new worker
+        may start there: the coordinator knows workers by key)."""
+        keys = self._keys([node])
+        handles = {k: h for k in keys if (h := run.handles.pop(k, None)) is not None}
+        incs = {k: run.incarnation.get(k) for k in keys}
         if lost:
-            run.coord.node_lost(node, incarnation=inc)
-        if handle is None:
+            run.coord.workers_lost(list(incs.items()))
+        if not handles:
             return
 
         def retire() -> None:
             deadline = time.monotonic() + wait_exit_s
             try:
-                while time.monotonic() < deadline and self.transport.alive(handle):
+                while time.monotonic() < deadline and any(self.transport.alive_many(handles.values()).values()):
                     time.sleep(0.05)
             except TransportError:
                 pass
-            result = self._stop_handle(handle, grace_s)
+            results = self._stop_handles(list(handles.values()), grace_s)
             with self._lock:
-                newer = node in run.handles or node in run.target
-            if result == "kill" and not lost and not newer:
-                run.coord.node_lost(node, incarnation=inc)   # it did not leave by itself
+                newer = node in run.target or any(k in run.handles for k in keys)
+            killed = [(k, incs[k]) for k, h in handles.items() if results.get(h) == STOP_KILL]
+            if killed and not lost and not newer:
+                run.coord.workers_lost(killed)     # they did not leave by themselves
         self._pool.submit(retire)
 
-    def _stop_handle(self, handle: Handle, grace_s: float) -> str:
-        try:
-            return self.transport.stop(handle, grace_s)
-        except TransportError as e:
-            log.warning("could not stop the worker on %s: %s", handle.node.name, e)
-            return "lost"
+    def _stop_handles(self, handles: list[Handle], grace_s: float) -> dict[Handle, str]:
+        if not handles:
+            return {}
+        results = self.transport.stop_many(handles, grace_s)
+        for h, r in results.items():
+            if r == STOP_LOST:
+                log.warning("could not stop the worker %d on %s", h.pid, h.node.name)
+        return results
 
     def _check_alive(self) -> None:
+        """A worker that died or cannot be reached takes its whole node out of its job: every
+        rank of the node leaves in one regroup, the others are stopped."""
         try:
             with self._lock:
-                watched = [(run, n, h) for run in self._runs.values() if not run.ended
-                           for n, h in run.handles.items()]
-            alive = self.transport.alive_many([h for _, _, h in watched])
-            for run, node, handle in watched:
+                watched = [(run, k, h) for run in self._runs.values() if not run.ended
+                           for k, h in run.handles.items()]
+            restarted = self.restarts.handles()
+            alive = self.transport.alive_many([h for _, _, h in watched] + [h for _, _, h in restarted])
+            self.restarts.check(alive)
+            down: dict[tuple[str, str], tuple[_Run, Handle, Optional[bool]]] = {}
+            for run, key, handle in watched:
                 ok = alive.get(handle)
+                node = ranks.node_of(key)
                 if ok or self.transport.taken_back(node, handle):
                     continue          # alive, or gone with a node its owner took back (a leave)
+                down.setdefault((run.job.id, node), (run, handle, ok))
+            for (_, node), (run, handle, ok) in down.items():
                 with self._lock:
-                    if run.handles.get(node) is not handle:
+                    if not any(h is handle for h in run.handles.values()):
                         continue          # retired meanwhile: not a crash
-                    run.handles.pop(node, None)
+                    mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
                 tail = self._tail(handle)
                 why = "unreachable" if ok is None else "worker exited"
                 self._lost(run, node, f"{why} on {node}" + (f": {tail[-1]}" if tail else ""), tail)
-                self._pool.submit(self._stop_handle, handle, 0.5)
+                self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
         finally:
             self._last_check = time.monotonic()
             self._checking = False
 
     def _lost(self, run: _Run, node: str, detail: str, tail: Optional[list[str]] = None) -> None:
-        run.coord.node_lost(node, incarnation=run.incarnation.get(node))
+        run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
             run.crashes += 1
             run.last_tail = tail or run.last_tail

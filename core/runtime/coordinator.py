@@ -187,8 +187,15 @@ class JobCoordinator:
         """The dispatcher saw the worker on `node` die (or cannot reach it): regroup without it.
         Pass `incarnation` (HARVEST_INCARNATION of the env it started with) whenever the call may
         come after a new worker was started on the node: without it the newest one is meant."""
+        self.workers_lost([(node, incarnation)])
+
+    def workers_lost(self, workers: list[tuple[str, Optional[int]]]) -> None:
+        """`node_lost` for several workers at once (every rank of a node that went): one
+        decision, so the next generation is formed without all of them, never with a part."""
         with self._lock:
-            self._execute(self._machine.node_lost(node, incarnation, _now()))
+            now = _now()
+            for node, incarnation in workers:
+                self._execute(self._machine.node_lost(node, incarnation, now))
         self._wake.set()
 
     def status(self) -> dict:

@@ -1,6 +1,6 @@
 """Worker runtime for elastic data-parallel training: what a training script imports.
 
-One long-lived worker process runs on each node. It connects to the job's coordinator, builds
+One long-lived worker process runs per GPU (slot) of each node (one on a CPU node). It connects to the job's coordinator, builds
 the model while the job trains elsewhere, then trains in *generations*: each generation is a
 process group over the nodes the controller gave the job. Growing or shrinking the job stops the
 current generation at a step boundary and starts the next one with the same processes (about
@@ -9,7 +9,7 @@ current generation at a step boundary and starts the next one with the same proc
     from core.runtime import elastic
 
     job = elastic.init(global_batch=64, total_samples=64_000, checkpoint_dir="ckpt")
-    model, opt = build()                          # warm-up while the job trains elsewhere
+    model, opt = build(job.device)                # warm-up while the job trains elsewhere
     job.attach(model, opt, dataset_size=len(x))   # ready; blocks until assigned (or told to exit)
     for step in job.steps():                      # the committed global step; regroups between steps
         idx = job.shard(step)                     # this rank's part of the step's global batch
@@ -21,6 +21,11 @@ current generation at a step boundary and starts the next one with the same proc
     # here only when every step is done: evaluate, save, print (job.rank == 0 is a good gate)
 
 Rules of the API
+- `job.device` is this rank's device: `cuda:LOCAL_RANK` when CUDA is available (made the current
+  device), else the CPU; put the model there. `job.rank`, `job.world_size`, `job.local_rank`,
+  `job.local_world_size`, `job.node_rank` and `job.nodes` (and torchrun's RANK, WORLD_SIZE,
+  LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK/GROUP_RANK in os.environ) follow each generation; the
+  ranks of a node are consecutive. The same script runs with 1 or N ranks per node.
 - `job.model` is the model to call in the loop: DistributedDataParallel over the current group
   (gloo on CPU, nccl when the model is on CUDA), the plain model when running standalone.
 - `job.shard(step)` gives the same global batch whatever the world size: a deterministic, per-epoch
@@ -67,15 +72,30 @@ import torch.distributed as dist
 
 from . import group
 from . import protocol as P
+from . import ranks
 from .background import CoordinatorLink, Progress
 from .checkpoint import Checkpoints
 from .sampling import EpochOrder
 
-__all__ = ["init", "ElasticJob"]
+__all__ = ["init", "ElasticJob", "pick_device"]
 
 log = logging.getLogger("harvest.elastic")
 
 EXIT_ORPHANED = 3
+
+
+def pick_device(local_rank: int) -> torch.device:
+    """`cuda:local_rank` (made current) when CUDA is available, else the CPU. A node showing
+    fewer GPUs than its slots is a misconfiguration: RuntimeError, which loses the node with the
+    reason in its log instead of two ranks sharing one GPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise RuntimeError(f"LOCAL_RANK {local_rank} but this process sees {count} GPU(s): the node's "
+                           f"slots exceed its GPUs, or CUDA_VISIBLE_DEVICES hides some")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 def init(global_batch: Optional[int] = None, total_samples: Optional[int] = None, *,
@@ -113,6 +133,10 @@ class ElasticJob:
         self.incarnation = int(env.get(P.ENV_INCARNATION, "0"))
         self.step = 0                      # committed steps held by this process
         self.rank, self.world_size, self.generation = 0, 1, 0
+        self.local_rank = ranks.slot_of(self.node) if not self.standalone else \
+            int(env.get(ranks.ENV_LOCAL_RANK, "0"))
+        self.local_world_size, self.node_rank, self.nodes = 1, 0, 1
+        self.device = pick_device(self.local_rank)
         self.finished = False
         self._raw_model: Optional[torch.nn.Module] = None
         self._opt: Optional[torch.optim.Optimizer] = None
@@ -253,6 +277,7 @@ class ElasticJob:
     def _generation(self, cmd: dict) -> Iterator[int]:
         gen, rank, world = int(cmd["gen"]), int(cmd["rank"]), int(cmd["world"])
         self.generation, self.rank, self.world_size = gen, rank, world
+        self._take_place(cmd.get("members") or [])
         self._in_generation, self._poisoned = True, False
         self._was_rank0 = rank == 0
         self._progress.commits.clear()
@@ -269,7 +294,7 @@ class ElasticJob:
             joined = True
             src, steps, restored = self._sync_state()
             self._event(P.EV_SYNCED, gen=gen, rank=rank, world=world, step=self.step, src=src,
-                        steps=steps, restored=restored,
+                        steps=steps, restored=restored, place=self._place_seen(),
                         checksum=self.param_checksum() if self._checksums else None)
             assert self._raw_model is not None
             self._ddp = group.wrap(self._raw_model, self, self._device)
@@ -334,6 +359,25 @@ class ElasticJob:
             self.world_size, self._device, self._backend)
         self._fresh = False
         return src, steps, restored
+
+    def _take_place(self, members: list[str]) -> None:
+        """This rank's place in the new generation, in the attributes and in os.environ (what
+        torchrun would have set), for scripts and libraries that read them."""
+        if self.node not in members:
+            return
+        where = ranks.place(members, self.node)
+        self.local_world_size, self.node_rank, self.nodes = \
+            where.local_world_size, where.node_rank, where.nodes
+        os.environ.update(where.env())
+
+    def _place_seen(self) -> dict:
+        """This rank's place as the script sees it (os.environ), for the coordinator's record."""
+        env = os.environ
+        return {"rank": self.rank, "local_rank": self.local_rank, "node_rank": self.node_rank,
+                "local_world_size": self.local_world_size, "nodes": self.nodes,
+                "env": {k: env.get(k) for k in (ranks.ENV_RANK, ranks.ENV_WORLD_SIZE, ranks.ENV_LOCAL_RANK,
+                                                ranks.ENV_NODE_RANK, ranks.ENV_LOCAL_WORLD_SIZE)},
+                "device": str(self._device), "backend": self._backend}
 
     def _skip_lost_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if self._poisoned:          # drop this step's gradients: optimizers skip grad-less params

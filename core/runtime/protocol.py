@@ -2,7 +2,9 @@
 
 Transport: one `torch.distributed.TCPStore` per job, owned (served) by the coordinator. Every key
 below lives under the job's namespace and every value carries an HMAC tag, both from the per-job
-secret (HARVEST_STORE_SECRET; core/runtime/signing.py). Every value is UTF-8 JSON. Workers are named by node; a node can host several worker processes over a job's
+secret (HARVEST_STORE_SECRET; core/runtime/signing.py). Every value is UTF-8 JSON.
+Workers are named by *worker key* (core/runtime/ranks.py: the node, or `node:i` for slot i of a
+node with several GPUs; `<node>` below); one key can name several worker processes over a job's
 life (a restart after a crash), so each `worker_env()` call hands out a new *incarnation* number and
 per-worker keys carry both. No key is ever waited on with an expiring timeout (TCPStore's
 `wait(keys, timeout)` stalls for the store timeout after it expires): readers either poll with
@@ -26,7 +28,8 @@ Keys
 Worker events (field "ev"; every event also has node, inc, pid, t = worker wall time)
   hello       connected to the store (torch imported)
   ready       model built, waiting for an assignment           {step}
-  synced      group of generation G initialised, state synced  {gen, rank, step, src, steps, checksum}
+  synced      group of generation G initialised, state synced  {gen, rank, step, src, steps, checksum,
+                                                                 place: the rank's RANK, LOCAL_RANK, ...}
   first_step  rank 0 committed its first step in generation G  {gen, step}
   stopped     left generation G at a step boundary             {gen, step, reason, checksum, error}
               reason: "stop" (asked), "finished" (all steps done), "failed" (a collective failed:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from . import protocol as P
+from .ranks import nodes_of
 
 __all__ = ["Instant", "Send", "Generation", "Worker", "Pending", "RegroupState", "RegroupMachine"]
 
@@ -100,7 +101,8 @@ class Generation:
     gen: int
     members: list[str]
     reason: str                                  # regroup | node_lost | leave | failure | dismiss
-    prev_size: int = 0
+    prev_size: int = 0                           # ranks of the previous generation
+    prev_nodes: int = 0                          # nodes of the previous generation
     requested_at: float = 0.0                    # wall time of the decision (regroup()/loss seen)
     switch_at: Optional[float] = None            # wall time the previous generation was told to stop
     published_at: Optional[float] = None         # wall time assignments were sent
@@ -191,6 +193,7 @@ class RegroupState:
             "phase": self.phase,
             "generation": cur.gen if cur else 0,
             "world_size": len(cur.members) if running and cur else 0,
+            "nodes": len(nodes_of(cur.members)) if running and cur else 0,
             "members": list(cur.members) if running and cur else [],
             "pending": list(pend.nodes) if pend else None,
             "pending_generation": pend.gen if pend else None,
@@ -375,7 +378,8 @@ class RegroupMachine(RegroupState):
         if g is None:
             return
         g.synced[w.node] = {"rank": msg["rank"], "step": msg["step"], "src": msg.get("src"),
-                            "restored": bool(msg.get("restored")), "checksum": msg.get("checksum")}
+                            "restored": bool(msg.get("restored")), "checksum": msg.get("checksum"),
+                            "place": msg.get("place")}
         if len(g.synced) == len(g.members) and g.synced_at is None:
             g.synced_at = now.wall
         if g is self.current:
@@ -519,6 +523,7 @@ class RegroupMachine(RegroupState):
             requested = switch            # the group stopped (a peer died) before anyone asked
         g = Generation(pend.gen, nodes, pend.reason,
                        prev_size=len(prev.members) if prev is not None and switch else 0,
+                       prev_nodes=len(nodes_of(prev.members)) if prev is not None and switch else 0,
                        requested_at=requested.wall, _req_mono=requested.mono)
         sw = switch or now
         g.switch_at, g._switch_mono = sw.wall, sw.mono

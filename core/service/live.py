@@ -12,7 +12,7 @@ from ..controller import Controller, ControllerConfig
 from ..restore import restore
 from ..dispatchers.base import Dispatcher
 from ..jpa import JPA, JPAConfig
-from ..model import Curve, Event, EventKind, Job
+from ..model import LAUNCHER_TORCHRUN, RESTART_COST_PRIOR_S, Curve, Event, EventKind, Job
 from ..runners import LiveRunner
 from ..schemas import JobSpec
 from ..slots import Slots
@@ -65,19 +65,27 @@ class LiveHarvester(Harvester):
         the profiler learns it from scratch. Simulated workers run at the curve given."""
         if self.require_command and not spec.command:
             raise ValueError("command: a job on real workers needs the command to run on each node")
-        if spec.command and not spec.global_batch:
+        torchrun = spec.launcher == LAUNCHER_TORCHRUN
+        if torchrun and not spec.command:
+            raise ValueError("command: a torchrun job needs the command each rank runs")
+        if spec.command and not spec.global_batch and not torchrun:
             raise ValueError("global_batch: give the samples per step of the command")
         if spec.curve is None and not (self.require_command and ctl.advisor is not None):
             raise ValueError("curve: give the job's throughput curve (simulated workers run at it)"
                              if not self.require_command else
                              "curve: give the job's throughput curve (the profiler is off)")
         given = spec.curve.to_curve() if spec.curve is not None else None
+        told = spec.model_fields_set       # a restart's cost is a prior until measured
+        up = spec.scale_up_seconds if not torchrun or "scale_up_seconds" in told else RESTART_COST_PRIOR_S
+        down = spec.scale_down_seconds if not torchrun or "scale_down_seconds" in told else RESTART_COST_PRIOR_S
         return Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
                    total_samples=spec.total_samples, curve=given or Curve((spec.min_nodes,), (0.0,)),
-                   scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                   scale_up_seconds=up, scale_down_seconds=down,
                    priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
                    true_curve=None if self.require_command else given, given_curve=given,
-                   command=tuple(spec.command or ()), global_batch=spec.global_batch or 0)
+                   command=tuple(spec.command or ()), global_batch=spec.global_batch or 0,
+                   launcher=spec.launcher, progress_pattern=spec.progress_pattern,
+                   stop_grace_seconds=spec.stop_grace_seconds)
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         return self.dispatcher.status(job_id)
