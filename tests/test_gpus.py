@@ -99,6 +99,17 @@ def test_a_job_on_mixed_nodes_counts_the_gpus_it_holds(tmp_path):
         h.close()
 
 
+def test_local_nodes_bring_their_slots_to_the_snapshot(tmp_path):
+    h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.05, "live": {
+        "dispatch": "simulated", "local_nodes": 2, "local_slots": 3}}))
+    h.open()
+    try:
+        snap = h.snapshot
+        assert snap.slots == (3, 3) and (snap.kpis["gpus"], snap.kpis["idle_gpus"]) == (6, 6)
+    finally:
+        h.close()
+
+
 # ---- replays: GPUs held, 6 per node on Summit ----------------------------------------------------
 def test_a_replay_counts_the_gpus_of_its_nodes_and_keeps_them_on_resume(tmp_path, small_trace, small_jobs):
     def replay(gpus, db=None, resume=False) -> Replay:
