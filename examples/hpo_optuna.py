@@ -267,6 +267,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ApiError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: the running trials' jobs are cancelled", file=sys.stderr)
+        return 130
     done = [o for o in outcomes if o.state == "complete"]
     best = min(done, key=lambda o: o.value if o.value is not None else math.inf) if done else None
     counts = {s: sum(o.state == s for o in outcomes) for s in ("complete", "pruned", "fail")}
