@@ -397,6 +397,67 @@ def measure(kind: str, repeats: int, baseline_repeats: int, tmp: Path, slots: in
     return out
 
 
+def measure_torchrun(repeats: int, tmp: Path, slots: int = 1) -> dict:
+    """What the import buys: examples/torchrun_digits.py (an unmodified torchrun-style script) as
+    a `launcher: torchrun` job on local nodes, through the dispatcher's restart path; grow 2->3 and
+    shrink 3->2 are each a stop (SIGTERM, the script checkpoints) and a restart from the
+    checkpoint. The figure is the dispatcher's own measured cost: stop -> first progress line of
+    the new generation, plus the samples lost to the checkpoint at the previous rate."""
+    from core.dispatchers.workers import WorkerDispatcher
+    from core.model import Curve, Job, PauseSample
+    from core.transports.local import LocalTransport
+
+    t_start = time.monotonic()
+    specs = local_nodes(3, slots)
+    d = WorkerDispatcher(LocalTransport(), specs, tmp / "torchrun", workdir=str(ROOT))
+    job = Job(id=f"rescale-torchrun-{os.getpid()}-{secrets.token_hex(3)}", min_nodes=1, max_nodes=3,
+              total_samples=float(TOTAL_SAMPLES), curve=Curve((1,), (1.0,)), launcher="torchrun",
+              stop_grace_seconds=30.0,
+              command=(_python(), "examples/torchrun_digits.py", "--total-samples", str(TOTAL_SAMPLES),
+                       "--global-batch", str(GLOBAL_BATCH), "--step-seconds", str(STEP_SECONDS),
+                       "--checkpoint-every", "50", "--log-every", "5"))
+    names = [s.name for s in specs]
+    costs: dict[str, list[float]] = {"up": [], "down": []}
+
+    def drive(until: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            for e in d.poll(time.time()):
+                if e.job == job.id and e.kind.value in ("job_failed", "node_leave"):
+                    raise RuntimeError(f"torchrun: {e.kind.value} {e.detail}")
+            for smp in d.samples(time.time()):
+                if isinstance(smp, PauseSample):
+                    costs[smp.kind].append(smp.seconds * 1000)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"torchrun: timed out waiting for {what}: {d.status(job.id)}")
+            time.sleep(0.05)
+
+    try:
+        d.resize(job, names[:BASE], time.time())
+        drive(lambda: d.progress(job, 0) > 0, 180, "the first progress")
+        for k in range(repeats):
+            for size, kind in ((BIG, "up"), (BASE, "down")):
+                n = len(costs[kind])
+                before = d.progress(job, 0)
+                d.resize(job, names[:size], time.time())
+                drive(lambda: len(costs[kind]) > n, 300, f"the restart at {size} nodes")
+                drive(lambda: d.progress(job, 0) > before, 120, "progress after the restart")
+                _log(f"torchrun {k + 1}/{repeats}: restart to {size} nodes {costs[kind][-1]:.0f} ms")
+        st = d.status(job.id) or {}
+    finally:
+        d.stop(job, time.time())
+        d.close()
+    left = job_pids(job.id)
+    return {"pattern": f"grow {BASE}->{BIG}, shrink {BIG}->{BASE}", "slots": slots,
+            "ranks": {str(BASE): BASE * slots, str(BIG): BIG * slots},
+            "restart_grow_ms_p50": round(percentile(costs["up"], .5), 1),
+            "restart_grow_ms_p95": round(percentile(costs["up"], .95), 1), "restart_grow_n": len(costs["up"]),
+            "restart_shrink_ms_p50": round(percentile(costs["down"], .5), 1),
+            "restart_shrink_ms_p95": round(percentile(costs["down"], .95), 1),
+            "restart_shrink_n": len(costs["down"]), "lost_samples": st.get("lost_samples"),
+            "leftover_processes": len(left), "wall_s": round(time.monotonic() - t_start, 1)}
+
+
 ROWS = [("grow", "elastic grow 2->3 (warm worker), ms", True),
         ("shrink", "elastic shrink 3->2, ms", True),
         ("cold_grow", "cold grow 2->3 (worker started at decision), ms", False),
@@ -438,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10, help="elastic grows and shrinks (each)")
     ap.add_argument("--baseline-repeats", type=int, default=None,
                     help="cold grows, relaunch grows and relaunch shrinks (each; default min(3, repeats))")
-    ap.add_argument("--transport", default="local,ssh")
+    ap.add_argument("--transport", default="local,ssh,torchrun",
+                    help="local, ssh (the runtime's regroups) and torchrun (an unmodified script, "
+                         "restarted from its checkpoint, on local nodes)")
     ap.add_argument("--slots", type=int, default=1, help="ranks (worker processes) per node")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -451,13 +514,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-rescale-") as tmp:
         for kind in kinds:
             _log(f"{kind}: start")
-            results[kind] = measure(kind, args.repeats, base_n, Path(tmp), args.slots)
+            results[kind] = (measure_torchrun(base_n, Path(tmp), args.slots) if kind == "torchrun" else
+                             measure(kind, args.repeats, base_n, Path(tmp), args.slots))
     print(f"Rescale latency, decision -> first step at the new size; digits CNN, global batch "
           f"{GLOBAL_BATCH}, step >= {STEP_SECONDS * 1000:.0f} ms, {args.slots} rank(s) per node "
           f"({BASE * args.slots} -> {BIG * args.slots} ranks), {os.cpu_count()} CPUs")
-    print(table(results))
-    ok = all(r["samples_exact"] and r["steps_continuous"] and r["checksums_equal"] and
-             r["leftover_processes"] == 0 for r in results.values())
+    regroups = {k: r for k, r in results.items() if k != "torchrun"}
+    if regroups:
+        print(table(regroups))
+    if "torchrun" in results:
+        r = results["torchrun"]
+        print(f"torchrun (unmodified script, restart from checkpoint), local: grow {BASE}->{BIG} p50 "
+              f"{r['restart_grow_ms_p50']:.0f} ms (p95 {r['restart_grow_ms_p95']:.0f}), shrink {BIG}->{BASE} p50 "
+              f"{r['restart_shrink_ms_p50']:.0f} ms (p95 {r['restart_shrink_ms_p95']:.0f}); n {r['restart_grow_n']}; "
+              f"processes left: {r['leftover_processes']}")
+    ok = all(r["leftover_processes"] == 0 and (k == "torchrun" or (r["samples_exact"] and r["steps_continuous"]
+                                                                      and r["checksums_equal"]))
+             for k, r in results.items())
     if args.json:
         print(json.dumps(results))
     return 0 if ok else 1
