@@ -44,8 +44,14 @@ class JobFields(TypedDict, total=False):
     priority: float
     #: the argv each node runs (never through a shell), live mode
     command: Union[list[str], str]
-    #: samples per step of `command`
+    #: samples per step of `command` (the elastic runtime's jobs)
     global_batch: int
+    #: "runtime" (the script uses core/runtime/elastic.py, the default) or "torchrun" (an unmodified script)
+    launcher: str
+    #: torchrun jobs: the regex that finds progress in rank 0's output
+    progress_pattern: str
+    #: torchrun jobs: SIGTERM to SIGKILL at a restart, for the script to checkpoint
+    stop_grace_seconds: float
 
 
 class Workers(TypedDict, total=False):
@@ -72,6 +78,8 @@ class Job(TypedDict):
     owner: str
     state: str
     nodes: int
+    slots: Optional[int]           # ranks per node of its nodes, None when they differ
+    ranks: int                     # ranks over all its nodes
     min_nodes: int
     max_nodes: int
     priority: float
@@ -87,6 +95,9 @@ class Job(TypedDict):
     curve: NotRequired[dict[str, list[float]]]
     scale_up_seconds: NotRequired[float]
     scale_down_seconds: NotRequired[float]
+    launcher: NotRequired[str]
+    progress_pattern: NotRequired[str]
+    stop_grace_seconds: NotRequired[float]
     workers: NotRequired[Workers]
     profile: NotRequired[Optional[dict[str, Any]]]
     why: NotRequired[str]
