@@ -122,7 +122,8 @@ def job(job_id):
     if st:
         body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
                                                  "committed_step", "loss", "lost", "last_rescale",
-                                                 "generations")}
+                                                 "generations", "progressing", "restart_count",
+                                                 "lost_samples")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),

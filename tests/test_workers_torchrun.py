@@ -18,7 +18,7 @@ from tests.support.server import ROOT, start_app
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
-TOTAL = GLOBAL_BATCH * 700
+TOTAL = GLOBAL_BATCH * 1500
 SCRIPT = "examples/torchrun_digits.py"
 
 
@@ -70,14 +70,12 @@ def test_a_torchrun_job_restarts_from_its_checkpoint_on_every_change(cluster):
     jid = job["id"]
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
     assert get()["launcher"] == "torchrun"
-    nodes_now = lambda k: (lambda: (lambda j: j["nodes"] == k and (j.get("workers") or {}).get("world_size") == k
-                                    and j["samples_done"] > 0)(get()))
+    nodes_now = lambda k: (lambda: (lambda j, w: j["nodes"] == k and w.get("world_size") == k
+                                    and w.get("progressing"))(*(lambda j: (j, j.get("workers") or {}))(get())))
     wait(nodes_now(1), 120, "1 node training", get)
     for n in nodes[1:]:
         assert node(n, "release")[0] == 200
     wait(nodes_now(3), 180, "growth to 3 nodes", get)
-    progress_at_3 = get()["samples_done"]
-    wait(lambda: get()["samples_done"] > progress_at_3, 120, "progress at 3 nodes", get)
     assert node(nodes[2], "reclaim")[0] == 200
     wait(nodes_now(2), 180, "2 nodes after the reclaim", get)
     wait(lambda: get()["state"] == "done", 400, "the job to finish", get)

@@ -128,6 +128,7 @@ class RestartJobs:
                 "restart_count": run.restarts, "members": members, "world_size": len(members),
                 "nodes": len(gen.nodes) if gen and gen.handles else 0, "regrouping": run.stop_at is not None,
                 "samples_done": run.samples, "lost_samples": run.lost_samples,
+                "progressing": bool(gen and gen.handles and gen.first_progress_at is not None),
                 "committed_step": None, "loss": None, "lost": [], "last_rescale": None}
 
     def samples(self) -> list:
