@@ -35,6 +35,14 @@ QUEUE_ORDERS = ("fcfs", "priority")
 AUTO = "auto"
 
 
+def parse_tfwd(text: object) -> Union[float, str]:
+    """T_fwd as a person types it (a flag, a form field): seconds, or `auto`. Raises ValueError;
+    ControllerConfig checks the number."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    return float(text)  # type: ignore[arg-type]
+
+
 @dataclass
 class ControllerConfig:
     policy: str = "milp"
@@ -104,7 +112,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
-                                        else FALLBACK_S, 0.0, 0, 0, math.nan, False)
+                                        else FALLBACK_S, 0, 0, math.nan, math.nan, False)
 
     # ---- inputs ---------------------------------------------------------------------------
     def start(self, idle: Sequence[str]) -> None:
@@ -224,9 +232,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             return None
         names = list(self.idle)
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        owner = self.owner
-        free = [a for n, a in zip(names, ages) if n not in owner]
-        self.horizon = learner.decide(free, ages)
+        self.horizon = learner.decide(ages, len(names) / max(1, len(self.running)))
         if not self.horizon.learned:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
@@ -363,7 +369,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         h = self.horizon
-        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, h.risk, expect)
+        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced:
             plan.objective -= PROBE_BONUS * sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)

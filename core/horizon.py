@@ -34,17 +34,18 @@ FALLBACK_S = 10.0
 class Horizon:
     """What one allocation decision looks ahead with, and what it was learned from."""
 
-    tfwd: float                  # seconds: expected remaining idle time of the nodes a growth takes
-    risk: float                  # expected reclaims per held node within tfwd (0..1)
+    tfwd: float                  # seconds: expected time until a typical job loses a node
     fragments: int               # idle fragments that had ended when it was learned
     nodes: int                   # idle nodes (censored fragments) it was learned with
     median_s: float              # median idle fragment length, Kaplan-Meier (nan: not known yet)
+    node_life_s: float           # expected remaining idle time of an idle node (rate-averaged)
     learned: bool                # False: no fragment had ended yet, tfwd is the fallback
 
     def to_dict(self) -> dict:
-        return {"tfwd": round(self.tfwd, 3), "risk": round(self.risk, 5), "fragments": self.fragments,
-                "nodes": self.nodes, "median_s": None if math.isnan(self.median_s) else round(self.median_s, 1),
-                "learned": self.learned}
+        def r(x: float) -> Optional[float]:
+            return None if math.isnan(x) else round(x, 1)
+        return {"tfwd": round(self.tfwd, 3), "fragments": self.fragments, "nodes": self.nodes,
+                "median_s": r(self.median_s), "node_life_s": r(self.node_life_s), "learned": self.learned}
 
 
 class FragmentSurvival:
@@ -124,7 +125,7 @@ class HorizonLearner:
     def __init__(self, fallback: float = FALLBACK_S) -> None:
         self.survival = FragmentSurvival()
         self.fallback = fallback
-        self.last = Horizon(fallback, 0.0, 0, 0, math.nan, False)
+        self.last = Horizon(fallback, 0, 0, math.nan, math.nan, False)
 
     def ended(self, duration: float) -> None:
         """A node's idle fragment ended (the main scheduler took it back) after `duration` s."""
@@ -136,23 +137,24 @@ class HorizonLearner:
             return np.asarray(ages, dtype=float)        # nothing ended yet: older = safer
         return self.survival.remaining(np.asarray(ages, dtype=float), np.asarray(idle_ages, dtype=float))
 
-    def decide(self, free_ages: Sequence[float], idle_ages: Sequence[float]) -> Horizon:
-        """The horizon of one decision. `free_ages`: ages of the idle nodes no job holds (what a
-        growing job would take; all idle nodes when none is free); `idle_ages`: every idle node.
+    def decide(self, ages: Sequence[float], share: float) -> Horizon:
+        """The horizon of one decision from the ages of the idle nodes and `share`, the idle
+        nodes per running job (what one job holds, on average).
 
-        tfwd is the mean expected remaining idle time of the free nodes: how long a node handed
-        out now keeps earning. risk is the mean chance that an idle node is reclaimed within tfwd:
-        each such reclaim pauses the job holding it (a preemption), which the objective charges."""
-        idle = np.asarray(idle_ages, dtype=float)
-        free = np.asarray(free_ages, dtype=float) if len(free_ages) else idle
+        A job's plan lasts until the next of its nodes is reclaimed: that pauses it anyway (a
+        preemption) and the allocator re-plans around it. With m_i the expected remaining idle
+        time of node i, a node is reclaimed at a rate of about 1/m_i, so a job holding `share`
+        typical nodes loses one after 1 / (share * mean(1/m_i)) seconds: that is T_fwd. Long-idle
+        nodes, few jobs or small jobs lengthen it; a crowded, churning machine shortens it."""
+        idle = np.asarray(ages, dtype=float)
         surv = self.survival
         if not surv.count or not len(idle):
-            self.last = Horizon(self.fallback, 0.0, surv.count, len(idle), math.nan, False)
+            self.last = Horizon(self.fallback, surv.count, len(idle), math.nan, math.nan, False)
             return self.last
         fitted = surv.curve(idle)
-        tfwd = float(np.mean(surv.remaining(free, idle, fitted)))
-        tfwd = tfwd if math.isfinite(tfwd) and tfwd > 0 else self.fallback
-        risk = float(np.mean(surv.reclaim_within(idle, tfwd, idle, fitted)))
-        self.last = Horizon(tfwd, min(1.0, max(0.0, risk)), surv.count, len(idle),
-                            surv.median(idle, fitted), True)
+        rem = surv.remaining(idle, idle, fitted)
+        rate = float(np.mean(1.0 / np.maximum(rem, 1.0)))        # reclaims per node-second
+        node_life = 1.0 / rate
+        tfwd = node_life / max(1.0, share)
+        self.last = Horizon(tfwd, surv.count, len(idle), surv.median(idle, fitted), node_life, True)
         return self.last

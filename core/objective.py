@@ -3,13 +3,10 @@
 Every policy and solver works on these tables, so the MILP, the DP fast path and the
 heuristics optimise (or approximate) exactly the same thing:
 
-    v_j(n) = w_j * ( T_fwd * S_j(n) - [n > c_j] * up_j * S_j(c_j) - [n < c_j] * down_j * S_j(c_j)
-                     - r * n * down_j * S_j(n) )
+    v_j(n) = w_j * ( T_fwd * S_j(n) - [n > c_j] * up_j * S_j(c_j) - [n < c_j] * down_j * S_j(c_j) )
 
-for n in {0} U [min_j, max_j], where S_j is 0 below min_j. r is the expected number of reclaims
-per held node within T_fwd (0 with a fixed T_fwd, BFTrainer's objective; learned with `--tfwd
-auto`, core.horizon): a node the main scheduler takes back pauses the whole job holding it for
-its scale-down time, so over a long horizon a job pays for every node it holds.
+for n in {0} U [min_j, max_j], where S_j is 0 below min_j. T_fwd is fixed, or learned per
+decision from the idle fragments (`--tfwd auto`, core.horizon); the objective is the same.
 """
 from __future__ import annotations
 
@@ -52,7 +49,6 @@ class Problem:
     jobs: list[JobRequest]
     tfwd: float = 10.0
     objective: str = "throughput"
-    risk: float = 0.0                           # expected reclaims per held node within tfwd
     expect: Optional[Mapping[str, float]] = None  # node -> expected remaining idle s (placement)
 
     @property
@@ -76,8 +72,7 @@ def weight(job: JobRequest, objective: str) -> float:
     raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
 
 
-def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "throughput",
-                risk: float = 0.0) -> np.ndarray:
+def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "throughput") -> np.ndarray:
     """v_j(0..min(max_j, capacity)); -inf where the size is not allowed (0 < n < min_j)."""
     top = min(job.max_nodes, capacity)
     w = weight(job, objective)
@@ -86,8 +81,6 @@ def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "t
     n = np.arange(top + 1)
     rate = job.curve.rates(n)
     table = tfwd * rate
-    if risk:
-        table -= risk * job.scale_down_seconds * n * rate
     table[n > c] -= job.scale_up_seconds * sc
     table[n < c] -= job.scale_down_seconds * sc
     table *= w
@@ -103,5 +96,4 @@ def objective_value(tables: Sequence[np.ndarray], sizes: Sequence[int]) -> float
 
 
 def tables_for(problem: Problem) -> list[np.ndarray]:
-    return [value_table(j, problem.tfwd, problem.capacity, problem.objective, problem.risk)
-            for j in problem.jobs]
+    return [value_table(j, problem.tfwd, problem.capacity, problem.objective) for j in problem.jobs]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
-from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig
+from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig, parse_tfwd
 from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
@@ -364,7 +364,7 @@ def format_summary(s: dict) -> str:
     if h:
         rows.insert(1, ("learned horizon", f"T_fwd {h['tfwd']:.0f} s at the end, from {h['fragments']} ended "
                                            f"fragments and {h['nodes']} idle nodes (median fragment "
-                                           f"{h['median_s']} s, reclaim risk {h['risk']:.2f} per node)"))
+                                           f"{h['median_s']} s, an idle node expected to stay {h['node_life_s']} s)"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -404,10 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def tfwd_arg(text: str) -> float | str:
     """--tfwd: seconds, or `auto` (ControllerConfig checks the value)."""
-    if text.strip().lower() == AUTO:
-        return AUTO
     try:
-        return float(text)
+        return parse_tfwd(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"give seconds or {AUTO}, not {text!r}") from None
 
