@@ -23,7 +23,7 @@ from .auth import Users
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
-                 "max_jobs", "queue", "speed", "curves", "seed")
+                 "max_jobs", "queue", "speed", "curves", "seed", "gpus_per_node")
 CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the allocator is told of each job's curve: given (default), linear (the usual "
                         "user guess), learned (hidden: the profiler learns it)")
     g.add_argument("--seed", type=int, help="--curves learned: measurement noise seed (default 0)")
+    g.add_argument("--gpus-per-node", type=int,
+                   help="GPUs each node brings, shown beside the nodes (default: 6 for the Summit trace, else 1)")
     live = ap.add_argument_group("live mode (instead of a replay)")
     live.add_argument("--dispatch", choices=("simulated", "local", "ssh", "pilot"),
                       help="run jobs live: simulated progress, local processes, over ssh, or inside "

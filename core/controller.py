@@ -27,6 +27,7 @@ from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
+from .slots import Slots
 from .snapshot import BUSY, HELD, IDLE, Snapshot
 from .store import Batch, Store, job_row
 
@@ -78,8 +79,10 @@ class ControllerConfig:
 class Controller:  # ~360 lines: one step reads and writes the same node, job and queue state; split further, that state would be passed around
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
-                 timeline_every: float = 60.0, advisor: Optional[JPA] = None) -> None:
+                 timeline_every: float = 60.0, advisor: Optional[JPA] = None,
+                 slots: Optional[Slots] = None) -> None:
         self.config = config or ControllerConfig()
+        self.slots = slots or Slots()             # ranks (GPUs) per node: counted, never allocated
         self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
         self.advice = Advice(advisor)
         self.policy = make_policy(self.config.policy, self.config.solver)
@@ -474,6 +477,7 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
     job_of = tuple(owner.get(n) for n in names)
     when = tuple(since.get(n) for n in names)
     rescaling = frozenset(j for j, t in ctl.rescaling_until.items() if t > now)
+    slots = ctl.slots
     advisor = ctl.advisor
     probing = frozenset(advisor.probing()) if advisor is not None else frozenset()
     jobs = []
@@ -484,8 +488,10 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
         done = ctl.dispatcher.progress(job, now) if running else job.samples_done
         rate_total += rate
         eta = now + (job.total_samples - done) / rate if rate > 0 else None
+        held = ctl.held.get(job.id, ())
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value,
-                     "nodes": len(ctl.held.get(job.id, ())), "min_nodes": job.min_nodes,
+                     "nodes": len(held), "slots": slots.common(held), "ranks": slots.total(held),
+                     "min_nodes": job.min_nodes,
                      "max_nodes": job.max_nodes, "priority": job.priority,
                      "samples_per_second": rate, "samples_done": done,
                      "total_samples": job.total_samples, "progress": done / job.total_samples,
@@ -494,14 +500,15 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
                      "confidence": advisor.confidence(job.id) if advisor is not None else "given"})
     for job in ctl.submitted.values():
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
-                     "nodes": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
+                     "nodes": 0, "slots": slots.same, "ranks": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
                      "priority": job.priority, "samples_per_second": 0.0, "samples_done": 0.0,
                      "total_samples": job.total_samples, "progress": 0.0, "eta": None,
                      "submit_time": job.submit_time, "start_time": None, "end_time": None,
                      "confidence": ("given" if job.given_curve else "prior") if advisor is not None
                      else "given"})
     c = ctl.counters
-    kpis = {"idle": len(idle), "harvested": len(owner),
+    kpis = {"idle": len(idle), "harvested": len(owner), "gpus": slots.total(names),
+            "idle_gpus": slots.total(idle), "harvested_gpus": slots.total(owner),
             "harvest_pct": 100.0 * c.used_node_s / c.offered_node_s if c.offered_node_s else 0.0,
             "samples_per_second": rate_total, "running": len(ctl.running),
             "queued": ctl.n_queued + len(ctl.submitted),
@@ -511,9 +518,11 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
     cfg = ctl.config
     config = {"policy": cfg.policy, "solver": cfg.solver, "objective": cfg.objective,
               "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "dispatcher": ctl.dispatcher.name,
-              "jpa": advisor is not None, "horizon": ctl.horizon.to_dict()}
+              "jpa": advisor is not None, "runs_workers": ctl.dispatcher.takes_reports,
+              "horizon": ctl.horizon.to_dict()}
     if advisor is not None:
         kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
     info = tuple(node_info.get(n, "") for n in names) if node_info else ()
     return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
-                    config, dict(source_status or {}), info, probing, ctl.solve_times.histogram())
+                    config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
+                    slots.row(names))

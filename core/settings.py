@@ -17,13 +17,14 @@ from .inventory import MAX_SLOTS
 from .jpa import JPAConfig
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
+from .slots import MAX_SLOTS
 from .slurm.settings import SlurmSettings, split_list
 from .transports.base import ENV_NAME
 
 #: the choices and defaults front ends offer, from where they are defined
-__all__ = ["AUTO", "parse_tfwd", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE_ORDERS", "SPEED_MAX",
-           "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
-           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "split_list"]
+__all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "POLICIES", "QUEUE_ORDERS",
+           "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
+           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "parse_tfwd", "split_list"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 #: a host name or an IPv4/IPv6 address (no port, no spaces)

@@ -27,6 +27,8 @@ def error_of(data: dict) -> SettingsError:
     ({"coalesce": -1}, "replay.coalesce"), ({"config": {"tfwd": -5}}, "replay.config.tfwd"),
     ({"config": {"tfwd": math.inf}}, "replay.config.tfwd"), ({"config": {"tfwd": "soon"}}, "replay.config.tfwd"), ({"config": {"max_jobs": 0}}, "replay.config.max_jobs"),
     ({"config": {"policy": "fastest"}}, "replay.config.policy"), ({"bogus": 1}, "replay.bogus"),
+    ({"gpus_per_node": 0}, "replay.gpus_per_node"), ({"gpus_per_node": 1025}, "replay.gpus_per_node"),
+    ({"gpus_per_node": 2.5}, "replay.gpus_per_node"),
 ])
 def test_a_bad_replay_setting_is_named_by_its_path(replay, path):
     e = error_of({"replay": replay})
@@ -36,7 +38,8 @@ def test_a_bad_replay_setting_is_named_by_its_path(replay, path):
 def test_the_same_rules_hold_however_the_settings_are_built():
     """The replay page changes settings with dataclasses.replace; the CLI and tests parse dicts."""
     base = ReplaySettings(hours=2)
-    for change, field in (({"hours": -2}, "hours"), ({"nodes": 0}, "nodes"), ({"start": "soon"}, "start")):
+    for change, field in (({"hours": -2}, "hours"), ({"nodes": 0}, "nodes"), ({"start": "soon"}, "start"),
+                          ({"gpus_per_node": 0}, "gpus_per_node")):
         with pytest.raises(SettingsError) as e:
             replace(base, **change)
         assert e.value.field == field

@@ -10,7 +10,7 @@ from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
-from app.format import duration, finite, si, sim_time
+from app.format import duration, extent, finite, si, sim_time
 
 dash.register_page(__name__, path_template="/jobs/<job_id>", name="Job", title="Job · harvester")
 
@@ -79,7 +79,9 @@ def update_job(n, job_id):
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
             _fact("state", info["state"]), _fact("owner", job.owner or "job set"),
-            _fact("nodes now", f'{info["nodes"]} (min {job.min_nodes}, max {job.max_nodes})'),
+            _fact("holds now", extent(info["nodes"], info.get("slots"), info.get("ranks", info["nodes"]),
+                                      bool(cfg.get("runs_workers"))), ids.JOB_HOLDS),
+            _fact("size", f"{job.min_nodes} to {job.max_nodes} nodes"),
             _fact("samples/s", si(info["samples_per_second"])),
             _fact("progress", f'{100 * info["progress"]:.1f} % of {si(job.total_samples)}'),
             _fact("ETA", sim_time(info["eta"]) if info["eta"] else "–"),
@@ -117,8 +119,9 @@ def job_log(events, allocs, limit=200) -> list[dict]:
             for i in order[:limit]]
 
 
-def _fact(k, v):
-    return html.Div([html.Div(k, className="fact-key"), html.Div(v, className="fact-value")], className="fact")
+def _fact(k: str, v: str, id_: str = "") -> html.Div:
+    value = html.Div(v, className="fact-value", **({"id": id_} if id_ else {}))
+    return html.Div([html.Div(k, className="fact-key"), value], className="fact")
 
 
 def _empty():

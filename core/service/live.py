@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..clock import WallClock
 from ..controller import Controller, ControllerConfig
@@ -15,6 +15,7 @@ from ..jpa import JPA, JPAConfig
 from ..model import LAUNCHER_TORCHRUN, RESTART_COST_PRIOR_S, Curve, Event, EventKind, Job
 from ..runners import LiveRunner
 from ..schemas import JobSpec
+from ..slots import Slots
 from ..sources.base import LiveNodeSource
 from ..store import Store
 from .base import Capabilities, Harvester, new_job_id
@@ -24,13 +25,16 @@ class LiveHarvester(Harvester):
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
                  fresh: bool = False, require_command: bool = False,
-                 jpa: Optional[JPAConfig] = None) -> None:
+                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None) -> None:
+        """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
+        and /metrics."""
         super().__init__(db, tick_s, fresh)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
         self.require_command = require_command
         self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
+        self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
                                          operates_nodes=source.operated_by_hand)
 
@@ -43,7 +47,7 @@ class LiveHarvester(Harvester):
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
         if store.meta("live") is not None:
-            ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
+            ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor, slots=self.slots)
             known = set(ctl.idle)
             for n in known - set(idle):
                 ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))
@@ -51,7 +55,7 @@ class LiveHarvester(Harvester):
                 if n not in known:
                     ctl.post(Event(clock.now(), EventKind.NODE_JOIN, node=n))
         else:
-            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor)
+            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
         ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
