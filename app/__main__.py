@@ -16,7 +16,7 @@ from typing import Optional
 
 from core.assemble import build
 from core.errors import InputError, SettingsError
-from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings
+from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
 from . import slurm_options
 from .auth import Users
@@ -28,6 +28,14 @@ CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
+
+
+def tfwd_arg(text: str) -> float | str:
+    """--tfwd: seconds or auto."""
+    try:
+        return parse_tfwd(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give seconds or auto, not {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START})")
     g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
     g.add_argument("--policy", choices=POLICIES)
-    g.add_argument("--tfwd", type=float)
+    g.add_argument("--tfwd", type=tfwd_arg, help="seconds the allocator looks ahead, or auto: learned from the "
+                                                  "idle fragments")
     g.add_argument("--max-jobs", type=int)
     g.add_argument("--queue", choices=QUEUE_ORDERS)
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")

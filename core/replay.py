@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
-from .controller import QUEUE_ORDERS, Controller, ControllerConfig
+from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig, parse_tfwd
 from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
@@ -313,6 +313,9 @@ class Replay:
         ends = [j.end_time for j in done]
         all_done = bool(done) and len(done) == len(ctl.jobs) == len(self.jobset)
         offered_h = c.offered_node_s / 3600.0
+        now = self.clock.now()
+        job_s = sum((j.end_time if j.end_time is not None else now) - j.start_time
+                    for j in ctl.jobs.values() if j.start_time is not None)
         used_h = c.used_node_s / 3600.0
         return {
             "policy": self.settings.config.policy,
@@ -335,8 +338,10 @@ class Replay:
             "jobs_finished": c.jobs_finished,
             "mean_jct_hours": round(statistics.fmean(jct) / 3600.0, 4) if jct else None,
             "makespan_hours": round((max(ends) - self.start) / 3600.0, 4) if all_done else None,
+            "job_hours": round(job_s / 3600.0, 3),
             "rescales": c.rescales,
             "preemptions": c.preemptions,
+            "horizon": ctl.horizon.to_dict() if ctl.horizon_learner is not None else None,
             "curves": self.settings.curves,
             "probes": c.probes,
             "solver_ms_p50": round(percentile(ctl.solve_ms, 0.5) or 0.0, 3),
@@ -348,8 +353,8 @@ class Replay:
 
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']} s, max jobs {s['max_jobs']}, "
-                   f"curves {s.get('curves', 'given')})"),
+        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']}{'' if s['tfwd'] == AUTO else ' s'}, "
+                   f"max jobs {s['max_jobs']}, curves {s.get('curves', 'given')})"),
         ("window", f"{s['start']} .. {s['end']} ({s['simulated_hours']} h simulated), {s['nodes']} nodes"),
         ("events", f"{s['events']} in {s['steps']} steps, {s['solves']} solves"),
         ("wall time", f"{s['wall_s']} s"),
@@ -365,6 +370,11 @@ def format_summary(s: dict) -> str:
         ("solver ms p50 / p95 / max", f"{s['solver_ms_p50']} / {s['solver_ms_p95']} / {s['solver_ms_max']}"),
         ("peak RSS", f"{s['peak_rss_mb']} MB"),
     ]
+    h = s.get("horizon")
+    if h:
+        rows.insert(1, ("learned horizon", f"T_fwd {h['tfwd']:.0f} s at the end, from {h['fragments']} ended "
+                                           f"fragments and {h['nodes']} idle nodes (median fragment "
+                                           f"{h['median_s']} s, an idle node expected to stay {h['node_life_s']} s)"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -384,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
-    ap.add_argument("--tfwd", type=float, default=10.0, help="T_fwd, seconds the allocator looks ahead")
+    ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
+                    help="T_fwd, seconds the allocator looks ahead, or auto: learned from the idle fragments")
     ap.add_argument("--curves", choices=CURVES, default="given",
                     help="what the allocator is told: the job set's curves, a linear guess, or nothing (JPA learns)")
     ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")
@@ -401,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
+
+
+def tfwd_arg(text: str) -> float | str:
+    """--tfwd: seconds, or `auto` (ControllerConfig checks the value)."""
+    try:
+        return parse_tfwd(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give seconds or {AUTO}, not {text!r}") from None
 
 
 def progress_bar(replay: Replay):

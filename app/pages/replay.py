@@ -10,7 +10,7 @@ import dash
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from core.errors import SettingsError
-from core.settings import DATA, MAX_SLOTS, POLICIES, SPEED_MAX, SPEED_MIN, ReplaySettings
+from core.settings import DATA, MAX_SLOTS, POLICIES, SPEED_MAX, SPEED_MIN, ReplaySettings, parse_tfwd
 
 from app import context, ids
 from app.format import gpus
@@ -58,8 +58,9 @@ def layout(**_):
                                         className="form-input")),
             row("Policy", dcc.Dropdown(id=ids.RP_POLICY, options=list(POLICIES), value=s.config.policy,
                                        clearable=False, className="form-input")),
-            row("T_fwd (s)", dcc.Input(id=ids.RP_TFWD, type="number", min=0.1, value=s.config.tfwd,
-                                       className="form-input"), "how far ahead the allocator looks"),
+            row("T_fwd (s)", dcc.Input(id=ids.RP_TFWD, type="text", value=str(s.config.tfwd),
+                                       className="form-input"),
+                "how far ahead the allocator looks: seconds, or auto (learned from the idle fragments)"),
             row("Speed", html.Div(dcc.Slider(id=ids.RP_SPEED, min=0, max=math.log10(SPEED_MAX), step=0.01,
                                              value=math.log10(h.speed), marks=SPEED_MARKS,
                                              updatemode="mouseup", allow_direct_input=False),
@@ -91,7 +92,7 @@ def state(_n):
         nodes += f" × {gpus(snap.slots[0])}"
     err = f" — error: {h.problem}" if h.problem else ""
     return (f"{snap.status} at {h.speed:g}x: {Path(s.trace).name}, {window}, {nodes}, "
-            f"{Path(s.jobs).name}, policy {s.config.policy}, T_fwd {s.config.tfwd:g} s{err}")
+            f"{Path(s.jobs).name}, policy {s.config.policy}, T_fwd {_tfwd(s.config.tfwd)}{err}")
 
 
 @dash.callback(Output(ids.RP_RESULT, "children"),
@@ -134,13 +135,17 @@ def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks,
     return no_update
 
 
+def _tfwd(tfwd: float | str) -> str:
+    return tfwd if isinstance(tfwd, str) else f"{tfwd:g} s"
+
+
 def new_settings(base: ReplaySettings, start, hours, nodes, racks, jobset, policy, tfwd,
                  gpus_per_node=None) -> ReplaySettings:
     """Replay settings from the form (checked by ReplaySettings itself); raises SettingsError."""
     if jobset not in {o["value"] for o in _jobsets()}:
         raise SettingsError("jobs", "choose one of the job sets in data/")
     try:
-        config = replace(base.config, policy=policy, tfwd=float(tfwd) if tfwd else base.config.tfwd)
+        config = replace(base.config, policy=policy, tfwd=parse_tfwd(tfwd) if tfwd else base.config.tfwd)
         return replace(base, jobs=Path(jobset), start=start, hours=float(hours) if hours else None,
                        nodes=int(nodes) if nodes else None, racks=racks, config=config,
                        gpus_per_node=_whole(gpus_per_node))
