@@ -16,18 +16,26 @@ from typing import Optional
 
 from core.assemble import build
 from core.errors import InputError, SettingsError
-from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings
+from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
 from . import slurm_options
 from .auth import Users
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
-                 "max_jobs", "queue", "speed", "curves", "seed")
+                 "max_jobs", "queue", "speed", "curves", "seed", "gpus_per_node")
 CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
+
+
+def tfwd_arg(text: str) -> float | str:
+    """--tfwd: seconds or auto."""
+    try:
+        return parse_tfwd(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give seconds or auto, not {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START})")
     g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
     g.add_argument("--policy", choices=POLICIES)
-    g.add_argument("--tfwd", type=float)
+    g.add_argument("--tfwd", type=tfwd_arg, help="seconds the allocator looks ahead, or auto: learned from the "
+                                                  "idle fragments")
     g.add_argument("--max-jobs", type=int)
     g.add_argument("--queue", choices=QUEUE_ORDERS)
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
@@ -56,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the allocator is told of each job's curve: given (default), linear (the usual "
                         "user guess), learned (hidden: the profiler learns it)")
     g.add_argument("--seed", type=int, help="--curves learned: measurement noise seed (default 0)")
+    g.add_argument("--gpus-per-node", type=int,
+                   help="GPUs each node brings, shown beside the nodes (default: 6 for the Summit trace, else 1)")
     live = ap.add_argument_group("live mode (instead of a replay)")
     live.add_argument("--dispatch", choices=("simulated", "local", "ssh", "pilot"),
                       help="run jobs live: simulated progress, local processes, over ssh, or inside "

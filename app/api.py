@@ -4,8 +4,9 @@ model as the web form.
 
     POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
     GET    /api/health
-    GET    /api/cluster        [?nodes=0 to leave out the per-node list]
-    GET    /api/jobs           [?state=running&owner=alice]; each with the profiler's confidence
+    GET    /api/cluster        [?nodes=0 to leave out the per-node list]; each node with its slots (GPUs)
+    GET    /api/jobs           [?state=running&owner=alice]; each with the profiler's confidence and
+                               its ranks (the slots of its nodes; simulated workers: the GPUs it holds)
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
     GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
@@ -20,6 +21,7 @@ from flask import jsonify, request
 from pydantic import ValidationError
 
 from core.explain import why
+from core.model import LAUNCHER_TORCHRUN
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
 from core.snapshot import BUSY, HELD
@@ -40,7 +42,8 @@ def _err(status: int, message: str, **extra):
 
 
 def _job_json(j: dict) -> dict:
-    return {k: j[k] for k in ("id", "name", "owner", "state", "nodes", "min_nodes", "max_nodes", "priority",
+    return {k: j[k] for k in ("id", "name", "owner", "state", "nodes", "slots", "ranks", "min_nodes",
+                              "max_nodes", "priority",
                               "samples_per_second", "samples_done", "total_samples", "progress", "eta",
                               "submit_time", "start_time", "end_time")} | {"confidence": j.get("confidence")}
 
@@ -84,9 +87,10 @@ def cluster():
     if snap.source_status:
         body["source"] = snap.source_status
     if request.args.get("nodes", "1") != "0":
-        body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t}
-                         for n, s, j, t in zip(snap.nodes, snap.state, snap.job_of,
-                                               snap.since or [None] * len(snap.nodes))]
+        body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t, "slots": k}
+                         for n, s, j, t, k in zip(snap.nodes, snap.state, snap.job_of,
+                                                  snap.since or [None] * len(snap.nodes),
+                                                  snap.slots or [1] * len(snap.nodes))]
         for row, info in zip(body["nodes"], snap.node_info):
             row["source"] = info
     return jsonify(body)
@@ -111,11 +115,15 @@ def job(job_id):
     body = _job_json(info)
     body["curve"] = job.curve.to_dict()
     body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
+    body["launcher"] = job.launcher
+    if job.launcher == LAUNCHER_TORCHRUN:
+        body["progress_pattern"], body["stop_grace_seconds"] = job.progress_pattern, job.stop_grace_seconds
     st = h.worker_status(job_id)
     if st:
         body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
                                                  "committed_step", "loss", "lost", "last_rescale",
-                                                 "generations")}
+                                                 "generations", "progressing", "restart_count",
+                                                 "lost_samples")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),

@@ -43,3 +43,21 @@ def finite(value):
     if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value
+
+
+def gpus(n: int) -> str:
+    return f"{n:,} GPU" + ("" if n == 1 else "s")
+
+
+def extent(nodes: int, slots: Optional[int], ranks: int, runs_workers: bool) -> str:
+    """A job's size as the machine sees it: "3 nodes × 4 GPUs = 12 ranks", or with nodes of
+    different sizes "3 nodes, 10 GPUs = 10 ranks". Simulated workers run no ranks, so there the
+    figure is the GPUs the job holds ("18 GPUs held"). On nodes of one slot each the node count
+    says it all ("3 nodes")."""
+    held = f"{nodes:,} node" + ("" if nodes == 1 else "s")
+    if ranks == nodes:
+        return held
+    total = f"{ranks:,} ranks" if runs_workers else f"{gpus(ranks)} held"
+    if slots is not None:
+        return f"{held} × {gpus(slots)} = {total}"
+    return f"{held}, {gpus(ranks)} = {total}" if runs_workers else f"{held}, {total}"

@@ -22,6 +22,8 @@ from dash import Patch
 
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 
+from .format import extent, gpus
+
 _NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
 
 #: cell codes (z of the heatmap): busy with the main scheduler, idle and unused, rescaling,
@@ -146,7 +148,17 @@ def job_label(snap: Snapshot) -> dict[str, str]:
             if j["state"] == "running"}
 
 
+def job_extents(snap: Snapshot) -> dict[str, str]:
+    """What each running job holds, in the words of the job page ("3 nodes × 6 GPUs = 18 ranks")."""
+    runs = bool(snap.config.get("runs_workers"))
+    return {j["id"]: extent(j["nodes"], j.get("slots"), j.get("ranks", j["nodes"]), runs) for j in snap.jobs
+            if j["state"] == "running"}
+
+
 def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
+    """A code and a hover line per node. Where some node runs more than one rank, the hover also
+    says its GPUs and, on a held node, what its job holds in all; on a machine of one-slot nodes
+    that would only repeat the node count, so it is left out."""
     state = np.asarray(snap.state, dtype=np.int16)
     codes = np.where(state == BUSY, C_BUSY, C_IDLE).astype(np.int16)
     text = []
@@ -155,25 +167,31 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
     book.release_except(live)
     info = snap.node_info
     sizes = Counter(j for j in snap.job_of if j in snap.probing) if snap.probing else {}
-    for i, (st, job) in enumerate(zip(snap.state, snap.job_of)):
+    multi = snap.kpis.get("gpus", len(snap.nodes)) > len(snap.nodes)
+    per_node = snap.slots if multi and snap.slots else (1,) * len(snap.nodes)
+    node_words = {k: f"<br>{gpus(k)}" if multi else "" for k in set(per_node)}
+    job_words = {j: f" · the job: {e}" for j, e in job_extents(snap).items()} if multi else {}
+    for i, (st, job, k) in enumerate(zip(snap.state, snap.job_of, per_node)):
         since = _when(snap.since[i] if snap.since else None)
         if info and info[i]:
             since += f" · {info[i]}"          # the source's own word on the node (Slurm's state)
+        own = node_words[k]
         if st == HELD and job is not None:
+            own += job_words.get(job, "")
             if job in snap.rescaling:
                 codes[i] = C_RESCALE
-                text.append(f"rescaling {names.get(job, job)}{since}")
+                text.append(f"rescaling {names.get(job, job)}{since}{own}")
             elif job in sizes:
                 codes[i] = C_PROBE0 + book.slot(job)
                 size = f"{sizes[job]} node" + ("s" if sizes[job] != 1 else "")
-                text.append(f"{names.get(job, job)}{since}<br>probing: no sample at {size} yet")
+                text.append(f"{names.get(job, job)}{since}<br>probing: no sample at {size} yet{own}")
             else:
                 codes[i] = C_JOB0 + book.slot(job)
-                text.append(f"{names.get(job, job)}{since}")
+                text.append(f"{names.get(job, job)}{since}{own}")
         elif st == IDLE:
-            text.append(f"idle{since}")
+            text.append(f"idle{since}{own}")
         else:
-            text.append(f"busy{since}")
+            text.append(f"busy{since}{own}")
     return Cells(snap.seq, codes, tuple(text))
 
 

@@ -40,6 +40,7 @@ def field_error(name: str) -> str:
 JOB_ID = "job-id"
 JOB_HEAD, JOB_WHY, JOB_CURVE, JOB_NODES, JOB_PROGRESS = (
     "job-head", "job-why", "job-curve", "job-nodes", "job-progress")
+JOB_HOLDS = "job-holds"       # what it holds now: "3 nodes × 4 GPUs = 12 ranks"
 JOB_PROFILE = "job-profile"   # what the profiler learned: costs, model, peak, confidence
 JOB_PROBES = "job-probes"     # the job's probes: time, nodes, why
 JOB_PROBES_BOX, JOB_PROBES_TITLE = "job-probes-box", "job-probes-title"
@@ -53,6 +54,7 @@ SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "de
 RP_START, RP_HOURS, RP_NODES, RP_RACKS, RP_JOBSET = (
     "rp-start", "rp-hours", "rp-nodes", "rp-racks", "rp-jobset")
 RP_SPEED, RP_POLICY, RP_TFWD = "rp-speed", "rp-policy", "rp-tfwd"
+RP_GPUS = "rp-gpus"           # GPUs per node (counted beside the nodes, never allocated)
 RP_NEW, RP_PAUSE, RP_RESUME, RP_RESTART, RP_APPLY_SPEED = (
     "rp-new", "rp-pause", "rp-resume", "rp-restart", "rp-apply-speed")
 RP_RESULT, RP_STATE = "rp-result", "rp-state"

@@ -24,6 +24,13 @@ class HarvesterCollector:
         g = GaugeMetricFamily("harvest_harvested_nodes", "Idle nodes training jobs hold now")
         g.add_metric([], k.get("harvested", 0))
         yield g
+        g = GaugeMetricFamily("harvest_idle_gpus", "GPUs (slots) of the nodes idle now")
+        g.add_metric([], k.get("idle_gpus", 0))
+        yield g
+        g = GaugeMetricFamily("harvest_harvested_gpus", "GPUs (slots) of the nodes training jobs hold now: "
+                                                        "their ranks, or with simulated workers the GPUs held")
+        g.add_metric([], k.get("harvested_gpus", 0))
+        yield g
         g = GaugeMetricFamily("harvest_samples_per_second", "Aggregate training throughput")
         g.add_metric([], k.get("samples_per_second", 0.0))
         yield g

@@ -41,7 +41,8 @@ def build(settings: HarvesterSettings) -> Harvester:
         source.close()
         raise
     return LiveHarvester(settings.db, source, dispatcher, live.config, tick_s=settings.tick,
-                         fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa)
+                         fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa,
+                         slots={n.name: n.slots for n in nodes})
 
 
 def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:

@@ -12,7 +12,9 @@ import itertools
 import math
 import threading
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence, Union
+
+import numpy as np
 
 from .allocator import Plan, allocate
 from .advice import PROBE_BONUS, Advice
@@ -20,14 +22,26 @@ from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
 from .dispatchers.base import Dispatcher
 from .errors import SettingsError
+from .horizon import FALLBACK_S, Horizon, HorizonLearner
 from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
+from .slots import Slots
 from .snapshot import BUSY, HELD, IDLE, Snapshot
 from .store import Batch, Store, job_row
 
 QUEUE_ORDERS = ("fcfs", "priority")
+#: `tfwd` may be this instead of seconds: learn the horizon from the idle fragments (core.horizon)
+AUTO = "auto"
+
+
+def parse_tfwd(text: object) -> Union[float, str]:
+    """T_fwd as a person types it (a flag, a form field): seconds, or `auto`. Raises ValueError;
+    ControllerConfig checks the number."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    return float(text)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -35,7 +49,7 @@ class ControllerConfig:
     policy: str = "milp"
     solver: str = "dp"
     objective: str = "throughput"
-    tfwd: float = 10.0
+    tfwd: Union[float, Literal["auto"]] = 10.0
     max_jobs: int = 10
     queue: str = "fcfs"
     time_limit: float = 5.0
@@ -46,19 +60,29 @@ class ControllerConfig:
             if getattr(self, name) not in allowed:
                 raise SettingsError(name, f"unknown {name} {getattr(self, name)!r}; choose one of "
                                           f"{', '.join(allowed)}")
-        for name in ("tfwd", "time_limit"):
+        if isinstance(self.tfwd, str) and self.tfwd.strip().lower() == AUTO:
+            self.tfwd = AUTO
+        for name in ("tfwd", "time_limit") if self.tfwd != AUTO else ("time_limit",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise SettingsError(name, f"must be a positive number of seconds, not {v!r}")
+                raise SettingsError(name, f"must be a positive number of seconds{' or auto' if name == 'tfwd' else ''}, "
+                                          f"not {v!r}")
         if isinstance(self.max_jobs, bool) or not isinstance(self.max_jobs, int) or self.max_jobs < 1:
             raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
+
+    @property
+    def learns_horizon(self) -> bool:
+        """T_fwd is learned from the idle fragments rather than fixed."""
+        return self.tfwd == AUTO
 
 
 class Controller:  # ~360 lines: one step reads and writes the same node, job and queue state; split further, that state would be passed around
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
-                 timeline_every: float = 60.0, advisor: Optional[JPA] = None) -> None:
+                 timeline_every: float = 60.0, advisor: Optional[JPA] = None,
+                 slots: Optional[Slots] = None) -> None:
         self.config = config or ControllerConfig()
+        self.slots = slots or Slots()             # ranks (GPUs) per node: counted, never allocated
         self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
         self.advice = Advice(advisor)
         self.policy = make_policy(self.config.policy, self.config.solver)
@@ -88,6 +112,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.lock = threading.RLock()
         self._batch = Batch()
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
+        #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
+        self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
+        self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
+                                        else FALLBACK_S, 0, 0, math.nan, math.nan, False)
 
     # ---- inputs ---------------------------------------------------------------------------
     def start(self, idle: Sequence[str]) -> None:
@@ -182,14 +210,15 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._vacate(lost, now)
             measured = self.advice.learn(samples, self._batch, self.counters)
             changed |= self.advice.take_news()
+            expect = self._learn_horizon(now)
             probes = self.advice.probes(now, self._remaining(now), measured, len(self.idle) - len(self.owner),
-                                        self.config.tfwd)
+                                        self.horizon.tfwd)
             changed |= bool(probes)
             changed |= self._admit(now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
             if changed and self.running and not self.frozen:
-                self._solve(now, result, probes)
+                self._solve(now, result, probes, expect)
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
@@ -197,6 +226,19 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
                 self._timeline_point(now, result.samples_per_second)
             return result
+
+    def _learn_horizon(self, now: float) -> Optional[dict[str, float]]:
+        """`tfwd auto`: this step's horizon from the fragments seen so far, and every idle node's
+        expected remaining idle time (for placement); None with a fixed T_fwd."""
+        learner = self.horizon_learner
+        if learner is None or not self.idle:
+            return None
+        names = list(self.idle)
+        ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
+        self.horizon = learner.decide(ages, len(names) / max(1, len(self.running)))
+        if not self.horizon.learned:
+            return None
+        return dict(zip(names, learner.expected(ages, ages).tolist()))
 
     def _remaining(self, now: float) -> dict[str, float]:
         """Samples each running job has still to process (what a probe's gain is spread over)."""
@@ -224,6 +266,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def _leave(self, node: Optional[str], lost: dict[str, list[str]]) -> bool:
         if node is None or node not in self.idle:
             return False
+        if self.horizon_learner is not None:
+            self.horizon_learner.ended(self.clock.now() - self.idle[node])
         del self.idle[node]
         self.since[node] = self.clock.now()
         self._batch.node(node, False, self.clock.now())
@@ -322,11 +366,13 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             admitted = True
         return admitted
 
-    def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None) -> None:
+    def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None,
+               expect: Optional[dict[str, float]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
-        problem = Problem(list(self.idle), reqs, self.config.tfwd, self.config.objective)
+        h = self.horizon
+        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced:
             plan.objective -= PROBE_BONUS * sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
@@ -431,6 +477,7 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
     job_of = tuple(owner.get(n) for n in names)
     when = tuple(since.get(n) for n in names)
     rescaling = frozenset(j for j, t in ctl.rescaling_until.items() if t > now)
+    slots = ctl.slots
     advisor = ctl.advisor
     probing = frozenset(advisor.probing()) if advisor is not None else frozenset()
     jobs = []
@@ -441,8 +488,10 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
         done = ctl.dispatcher.progress(job, now) if running else job.samples_done
         rate_total += rate
         eta = now + (job.total_samples - done) / rate if rate > 0 else None
+        held = ctl.held.get(job.id, ())
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value,
-                     "nodes": len(ctl.held.get(job.id, ())), "min_nodes": job.min_nodes,
+                     "nodes": len(held), "slots": slots.common(held), "ranks": slots.total(held),
+                     "min_nodes": job.min_nodes,
                      "max_nodes": job.max_nodes, "priority": job.priority,
                      "samples_per_second": rate, "samples_done": done,
                      "total_samples": job.total_samples, "progress": done / job.total_samples,
@@ -451,14 +500,15 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
                      "confidence": advisor.confidence(job.id) if advisor is not None else "given"})
     for job in ctl.submitted.values():
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
-                     "nodes": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
+                     "nodes": 0, "slots": slots.same, "ranks": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
                      "priority": job.priority, "samples_per_second": 0.0, "samples_done": 0.0,
                      "total_samples": job.total_samples, "progress": 0.0, "eta": None,
                      "submit_time": job.submit_time, "start_time": None, "end_time": None,
                      "confidence": ("given" if job.given_curve else "prior") if advisor is not None
                      else "given"})
     c = ctl.counters
-    kpis = {"idle": len(idle), "harvested": len(owner),
+    kpis = {"idle": len(idle), "harvested": len(owner), "gpus": slots.total(names),
+            "idle_gpus": slots.total(idle), "harvested_gpus": slots.total(owner),
             "harvest_pct": 100.0 * c.used_node_s / c.offered_node_s if c.offered_node_s else 0.0,
             "samples_per_second": rate_total, "running": len(ctl.running),
             "queued": ctl.n_queued + len(ctl.submitted),
@@ -468,9 +518,11 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
     cfg = ctl.config
     config = {"policy": cfg.policy, "solver": cfg.solver, "objective": cfg.objective,
               "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "dispatcher": ctl.dispatcher.name,
-              "jpa": advisor is not None}
+              "jpa": advisor is not None, "runs_workers": ctl.dispatcher.takes_reports,
+              "horizon": ctl.horizon.to_dict()}
     if advisor is not None:
         kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
     info = tuple(node_info.get(n, "") for n in names) if node_info else ()
     return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
-                    config, dict(source_status or {}), info, probing, ctl.solve_times.histogram())
+                    config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
+                    slots.row(names))

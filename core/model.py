@@ -14,6 +14,16 @@ from typing import Optional
 import numpy as np
 
 
+#: how a job's command is run: our elastic runtime (regroups in place) or torchrun's contract
+#: (an unmodified script, restarted from its checkpoint on every change of its nodes)
+LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN = "runtime", "torchrun"
+LAUNCHERS = (LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN)
+#: a restart-based job's progress: group 1 of the last matching line of rank 0's output
+DEFAULT_PROGRESS_PATTERN = r"samples=(\d+)"
+#: what a restart is assumed to cost before one was measured (seconds, up and down)
+RESTART_COST_PRIOR_S = 30.0
+
+
 class JobState(str, enum.Enum):
     QUEUED = "queued"        # registered, waiting for one of the max_jobs slots
     RUNNING = "running"      # holds a slot; may hold 0 nodes while none are worth giving it
@@ -117,6 +127,9 @@ class Job:
     command: tuple[str, ...] = ()       # real workers: the training script's argv on each node
     global_batch: int = 0               # real workers: samples per step, whatever the world size
     given_curve: Optional[Curve] = None  # the user's curve as given (None: learn it from scratch)
+    launcher: str = LAUNCHER_RUNTIME    # real workers: see LAUNCHERS
+    progress_pattern: str = DEFAULT_PROGRESS_PATTERN   # torchrun jobs: where progress is read
+    stop_grace_seconds: float = 30.0    # torchrun jobs: SIGTERM -> SIGKILL, time to checkpoint
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:

@@ -5,13 +5,14 @@ heuristics optimise (or approximate) exactly the same thing:
 
     v_j(n) = w_j * ( T_fwd * S_j(n) - [n > c_j] * up_j * S_j(c_j) - [n < c_j] * down_j * S_j(c_j) )
 
-for n in {0} U [min_j, max_j], where S_j is 0 below min_j.
+for n in {0} U [min_j, max_j], where S_j is 0 below min_j. T_fwd is fixed, or learned per
+decision from the idle fragments (`--tfwd auto`, core.horizon); the objective is the same.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -48,6 +49,7 @@ class Problem:
     jobs: list[JobRequest]
     tfwd: float = 10.0
     objective: str = "throughput"
+    expect: Optional[Mapping[str, float]] = None  # node -> expected remaining idle s (placement)
 
     @property
     def capacity(self) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from .clock import SimClock
-from .controller import QUEUE_ORDERS, Controller, ControllerConfig
+from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig, parse_tfwd
 from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
@@ -33,6 +33,7 @@ from .jpa import JPA, JPAConfig
 from .model import Curve, Job, JobState
 from .objective import OBJECTIVES
 from .policies import POLICIES, SOLVERS
+from .slots import MAX_SLOTS, Slots
 from .sources.trace import TraceSource, machine_order, read_node_list, select_nodes
 from .store import Store
 from .timeutil import iso, parse_iso
@@ -44,6 +45,8 @@ DEFAULT_NODE_LIST = DATA / "summit-nodes.txt"
 #: what the allocator is told about each job's curve: the job set's measured curve (an oracle),
 #: a straight line through its 1-node rate (the usual user guess), or nothing (JPA learns it)
 CURVES = ("given", "linear", "learned")
+#: Summit: 6 NVIDIA V100 per node; the shipped trace's nodes are held with all six
+SUMMIT_GPUS_PER_NODE = 6
 TIMING_KEYS = ("wall_s", "solver_ms_p50", "solver_ms_p95", "solver_ms_max", "peak_rss_mb")
 
 
@@ -63,6 +66,7 @@ class ReplaySettings:
     sample_every: float = 30.0    # learned: simulated seconds per throughput sample
     seed: int = 0                 # learned: measurement noise seed
     groups: bool = True           # learned: jobs of one name inform each other's priors
+    gpus_per_node: Optional[int] = None  # GPUs a held node brings; None: 6 for the Summit trace, else 1
 
     def __post_init__(self) -> None:
         """Every replay setting is checked here, once, whoever builds the settings."""
@@ -85,6 +89,9 @@ class ReplaySettings:
                 raise SettingsError("start", f"give an ISO 8601 time such as 2021-02-10T20:00:00Z, "
                                              f"not {self.start!r}") from None
         self.racks = (self.racks or "").strip() or None
+        g = self.gpus_per_node
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= MAX_SLOTS):
+            raise SettingsError("gpus_per_node", f"must be a whole number from 1 to {MAX_SLOTS}, not {g!r}")
         try:
             Measurement(self.noise, self.sample_every, self.seed)
         except ValueError as e:
@@ -99,7 +106,8 @@ class ReplaySettings:
                 "solver": self.config.solver, "objective": self.config.objective,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
                 "queue": self.config.queue, "curves": self.curves, "noise": self.noise,
-                "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups}
+                "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups,
+                "gpus_per_node": self.gpus_per_node}
 
 
     @classmethod
@@ -111,7 +119,7 @@ class ReplaySettings:
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
                    key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
-                   key.get("seed", 0), key.get("groups", True))
+                   key.get("seed", 0), key.get("groups", True), key.get("gpus_per_node"))
 
 
 def _number(v) -> bool:
@@ -171,6 +179,8 @@ class Replay:
             raise InputError(settings.trace, None, "the trace has no transitions")
         all_nodes = read_node_list(node_list) if node_list is not None else machine_order(checked.seen_nodes)
         self.all_nodes = select_nodes(all_nodes, settings.nodes, settings.racks)
+        # GPUs per node: the simulated dispatcher runs no ranks, so these count the GPUs jobs hold
+        self.slots = Slots(default=settings.gpus_per_node or (SUMMIT_GPUS_PER_NODE if is_summit else 1))
         self.start = parse_iso(settings.start) if settings.start else first
         self.end = self.start + settings.hours * 3600 if settings.hours else last + 1.0
         if self.end <= self.start:
@@ -193,8 +203,8 @@ class Replay:
                 store.close()
                 raise ValueError(f"{db} holds a replay with other settings: {saved}")
             self.clock = SimClock(resumed_at)
-            self.controller = restore(store, self.dispatcher, self.clock,
-                                                 settings.config, self.all_nodes, advisor=self.advisor)
+            self.controller = restore(store, self.dispatcher, self.clock, settings.config, self.all_nodes,
+                                      advisor=self.advisor, slots=self.slots)
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end,
                                       settings.coalesce, resume_after=resumed_at,
                                       resume_idle=list(self.controller.idle))
@@ -203,7 +213,7 @@ class Replay:
         else:
             self.clock = SimClock(self.start)
             self.controller = Controller(self.dispatcher, self.clock, settings.config, store, self.all_nodes,
-                                         advisor=self.advisor)
+                                         advisor=self.advisor, slots=self.slots)
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end, settings.coalesce)
             self.controller.start(self.source.initial_idle())
             self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
@@ -303,6 +313,9 @@ class Replay:
         ends = [j.end_time for j in done]
         all_done = bool(done) and len(done) == len(ctl.jobs) == len(self.jobset)
         offered_h = c.offered_node_s / 3600.0
+        now = self.clock.now()
+        job_s = sum((j.end_time if j.end_time is not None else now) - j.start_time
+                    for j in ctl.jobs.values() if j.start_time is not None)
         used_h = c.used_node_s / 3600.0
         return {
             "policy": self.settings.config.policy,
@@ -325,8 +338,10 @@ class Replay:
             "jobs_finished": c.jobs_finished,
             "mean_jct_hours": round(statistics.fmean(jct) / 3600.0, 4) if jct else None,
             "makespan_hours": round((max(ends) - self.start) / 3600.0, 4) if all_done else None,
+            "job_hours": round(job_s / 3600.0, 3),
             "rescales": c.rescales,
             "preemptions": c.preemptions,
+            "horizon": ctl.horizon.to_dict() if ctl.horizon_learner is not None else None,
             "curves": self.settings.curves,
             "probes": c.probes,
             "solver_ms_p50": round(percentile(ctl.solve_ms, 0.5) or 0.0, 3),
@@ -338,8 +353,8 @@ class Replay:
 
 def format_summary(s: dict) -> str:
     rows = [
-        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']} s, max jobs {s['max_jobs']}, "
-                   f"curves {s.get('curves', 'given')})"),
+        ("policy", f"{s['policy']} (solver {s['solver']}, T_fwd {s['tfwd']}{'' if s['tfwd'] == AUTO else ' s'}, "
+                   f"max jobs {s['max_jobs']}, curves {s.get('curves', 'given')})"),
         ("window", f"{s['start']} .. {s['end']} ({s['simulated_hours']} h simulated), {s['nodes']} nodes"),
         ("events", f"{s['events']} in {s['steps']} steps, {s['solves']} solves"),
         ("wall time", f"{s['wall_s']} s"),
@@ -355,6 +370,11 @@ def format_summary(s: dict) -> str:
         ("solver ms p50 / p95 / max", f"{s['solver_ms_p50']} / {s['solver_ms_p95']} / {s['solver_ms_max']}"),
         ("peak RSS", f"{s['peak_rss_mb']} MB"),
     ]
+    h = s.get("horizon")
+    if h:
+        rows.insert(1, ("learned horizon", f"T_fwd {h['tfwd']:.0f} s at the end, from {h['fragments']} ended "
+                                           f"fragments and {h['nodes']} idle nodes (median fragment "
+                                           f"{h['median_s']} s, an idle node expected to stay {h['node_life_s']} s)"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -374,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
-    ap.add_argument("--tfwd", type=float, default=10.0, help="T_fwd, seconds the allocator looks ahead")
+    ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
+                    help="T_fwd, seconds the allocator looks ahead, or auto: learned from the idle fragments")
     ap.add_argument("--curves", choices=CURVES, default="given",
                     help="what the allocator is told: the job set's curves, a linear guess, or nothing (JPA learns)")
     ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")
@@ -382,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="--curves learned: measurement noise seed")
     ap.add_argument("--jpa-no-groups", action="store_true",
                     help="--curves learned: learn each job alone (no priors from jobs of the same name)")
+    ap.add_argument("--gpus-per-node", type=int,
+                    help="GPUs each node brings (default: 6 for the Summit trace, else 1); counted, never allocated")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
     ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
     ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
@@ -389,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
+
+
+def tfwd_arg(text: str) -> float | str:
+    """--tfwd: seconds, or `auto` (ControllerConfig checks the value)."""
+    try:
+        return parse_tfwd(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give seconds or {AUTO}, not {text!r}") from None
 
 
 def progress_bar(replay: Replay):
@@ -413,7 +444,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   args.queue, args.time_limit)
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
                                   args.start, args.hours, args.coalesce, config, args.curves, args.noise,
-                                  args.sample_every, args.seed, not args.jpa_no_groups)
+                                  args.sample_every, args.seed, not args.jpa_no_groups, args.gpus_per_node)
         replay = Replay(settings, args.db, resume=args.resume)
     except SettingsError as e:
         print(f"error: {e.render(lambda path: '--' + path.rsplit('.', 1)[-1].replace('_', '-'))}", file=sys.stderr)

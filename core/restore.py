@@ -10,15 +10,18 @@ from .counters import Counters
 from .dispatchers.base import Dispatcher
 from .jpa import JPA
 from .model import JobState, PauseSample, RateSample
+from .slots import Slots
 from .store import Store
 
 
 def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
-            node_names: Sequence[str] = (), advisor: Optional[JPA] = None) -> Controller:
-    """Rebuild a controller from its store (only its public attributes are set)."""
+            node_names: Sequence[str] = (), advisor: Optional[JPA] = None,
+            slots: Optional[Slots] = None) -> Controller:
+    """Rebuild a controller from its store (only its public attributes are set). Slots per node
+    are not stored: they are a fact of the machine, given again by whoever restarts."""
     saved = store.meta("config")
     ctl = Controller(dispatcher, clock, config or (ControllerConfig(**saved) if saved else None), store,
-                     node_names, advisor=advisor)
+                     node_names, advisor=advisor, slots=slots)
     now = clock.now()
     ctl.accounted_until = now
     ctl.idle = store.idle_nodes()

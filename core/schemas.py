@@ -5,11 +5,12 @@ API, so that a job refused by one is refused by all with the same words.
 """
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .model import Curve
+from .model import DEFAULT_PROGRESS_PATTERN, Curve
 
 
 class CurveSpec(BaseModel):
@@ -177,6 +178,21 @@ class JobSpec(BaseModel):
     priority: float = Field(default=1.0, gt=0, le=1000)
     command: Optional[list[str]] = Field(default=None, min_length=1, max_length=256)
     global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000)
+    launcher: Literal["runtime", "torchrun"] = "runtime"
+    progress_pattern: str = Field(default=DEFAULT_PROGRESS_PATTERN, min_length=1, max_length=500)
+    stop_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+
+    @field_validator("progress_pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        """A regular expression whose group 1 is the job's cumulative samples."""
+        try:
+            rx = re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}")
+        if rx.groups < 1:
+            raise ValueError("needs a group for the samples, e.g. samples=(\\d+)")
+        return v
 
     @field_validator("command", mode="before")
     @classmethod
@@ -196,7 +212,7 @@ class JobSpec(BaseModel):
         return v
 
     @field_validator("min_nodes", "max_nodes", "total_samples", "scale_up_seconds", "scale_down_seconds",
-                     "priority", "global_batch", mode="before")
+                     "priority", "global_batch", "stop_grace_seconds", mode="before")
     @classmethod
     def _not_bool(cls, v):
         if isinstance(v, bool):

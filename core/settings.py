@@ -11,19 +11,20 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from .controller import QUEUE_ORDERS, ControllerConfig
+from .controller import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import SettingsError
 from .inventory import MAX_SLOTS
 from .jpa import JPAConfig
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
+from .slots import MAX_SLOTS
 from .slurm.settings import SlurmSettings, split_list
 from .transports.base import ENV_NAME
 
 #: the choices and defaults front ends offer, from where they are defined
-__all__ = ["CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "POLICIES", "QUEUE_ORDERS", "SPEED_MAX",
-           "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
-           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "split_list"]
+__all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "POLICIES", "QUEUE_ORDERS",
+           "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
+           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "parse_tfwd", "split_list"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 #: a host name or an IPv4/IPv6 address (no port, no spaces)
@@ -228,7 +229,9 @@ class HarvesterSettings(_Settings):
 def settings_error(e: ValidationError) -> SettingsError:
     """The first error of a validation as a SettingsError with the setting's whole path."""
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+    # a union's member (tfwd: seconds or "auto") is named in the path; the setting is what counts
+    loc = ".".join(str(p) for p in err["loc"]
+                   if not isinstance(p, int) and p != "float" and not str(p).startswith("literal["))
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, SettingsError):
         return cause.within(loc) if loc else cause

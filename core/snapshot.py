@@ -29,6 +29,7 @@ class Snapshot:
     node_info: tuple[str, ...] = ()              # live: what the source says of each node (Slurm's state)
     probing: frozenset = frozenset()             # jobs at a size they have no sample at yet (JPA)
     solve_times: SolveHistogram = SolveHistogram()  # every solve so far, bucketed (for /metrics)
+    slots: tuple[int, ...] = ()                  # ranks (GPUs) per node; a job runs the sum over its nodes
 
     def job(self, job_id: str) -> Optional[dict]:
         for j in self.jobs:

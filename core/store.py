@@ -15,7 +15,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import sqlite_utils
 
-from .model import Curve, Event, Job, JobState, PauseSample, RateSample
+from .model import (DEFAULT_PROGRESS_PATTERN, LAUNCHER_RUNTIME, Curve, Event, Job, JobState, PauseSample,
+                    RateSample)
 
 SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "jobs": ({
@@ -24,7 +25,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "scale_down_seconds": float, "priority": float, "curve": str, "true_curve": str,
         "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
-        "given_curve": str,
+        "given_curve": str, "launcher": str, "progress_pattern": str, "stop_grace_seconds": float,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -120,6 +121,8 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "command": json.dumps(list(job.command)) if job.command else None,
         "global_batch": job.global_batch or None,
         "given_curve": json.dumps(job.given_curve.to_dict()) if job.given_curve else None,
+        "launcher": job.launcher, "progress_pattern": job.progress_pattern,
+        "stop_grace_seconds": job.stop_grace_seconds,
     }
 
 
@@ -134,7 +137,10 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         true_curve=Curve.from_dict(json.loads(row["true_curve"])) if row["true_curve"] else None,
         command=tuple(json.loads(row["command"])) if row.get("command") else (),
         global_batch=row.get("global_batch") or 0,
-        given_curve=Curve.from_dict(json.loads(row["given_curve"])) if row.get("given_curve") else None)
+        given_curve=Curve.from_dict(json.loads(row["given_curve"])) if row.get("given_curve") else None,
+        launcher=row.get("launcher") or LAUNCHER_RUNTIME,
+        progress_pattern=row.get("progress_pattern") or DEFAULT_PROGRESS_PATTERN,
+        stop_grace_seconds=row["stop_grace_seconds"] if row.get("stop_grace_seconds") is not None else 30.0)
     return job, json.loads(row["nodes"] or "[]")
 
 

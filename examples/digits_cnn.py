@@ -29,11 +29,14 @@ from core.runtime import elastic  # noqa: E402
 from examples.data import make_digits  # noqa: E402
 
 
-def build_model() -> nn.Module:
+def build_model(width: int = 16) -> nn.Module:
+    """`width` channels in the first convolution, twice that in the second and four times in the
+    hidden layer: one knob for the model's size (a hyperparameter for examples/hpo_optuna.py);
+    16 is the model this example always had."""
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),     # 16 x 8 x 8
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),    # 32 x 4 x 4
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),              # w x 8 x 8
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),      # 2w x 4 x 4
+        nn.Flatten(), nn.Linear(2 * width * 4 * 4, 4 * width), nn.ReLU(), nn.Linear(4 * width, 10))
 
 
 @torch.no_grad()
@@ -53,17 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--width", type=int, default=16, help="channels of the first convolution (model size)")
     ap.add_argument("--log-every", type=int, default=50, help="steps")
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="make each step last at least this long (a stand-in for a bigger model in demos and tests)")
     args = ap.parse_args(argv)
+    if args.width < 1:
+        ap.error(f"--width: must be at least 1, not {args.width}")
 
     job = elastic.init(args.global_batch, args.total_samples, checkpoint_dir=args.checkpoint_dir,
                        checkpoint_every_s=args.checkpoint_every, seed=args.seed)
     torch.manual_seed(args.seed)
     dev = job.device
     x_train, y_train, x_test, y_test = (torch.from_numpy(a).to(dev) for a in make_digits(seed=args.seed))
-    model = build_model().to(dev)
+    model = build_model(args.width).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     job.attach(model, opt, dataset_size=len(x_train))
 

@@ -23,6 +23,7 @@ import pytest
 
 from core.allocator import Plan, allocate
 from core.model import Curve
+from core.horizon import HorizonLearner
 from core.objective import JobRequest, Problem
 from core.policies.milp import MilpPolicy
 from core.policies.node_level import node_level_solve
@@ -170,6 +171,52 @@ def test_other_objectives_match_enumeration(seed: int, objective: str) -> None:
     plan = allocate(p)
     check_plan(p, plan)
     assert close(plan.objective, optimum(seed, objective)), (plan.objective, optimum(seed, objective))
+
+
+# ---------------------------------------------------------------- the learned horizon (--tfwd auto)
+
+def learned_problem(seed: int) -> Problem:
+    """The instance of `seed` with T_fwd learned from random idle fragments (heavy-tailed) and
+    every idle node's expected remaining idle time for placement, as the controller passes them."""
+    rng = np.random.default_rng(10_000 + seed)
+    p = instance(seed)
+    learner = HorizonLearner()
+    for d in rng.pareto(1.2, int(rng.integers(1, 400))) * 300.0:
+        learner.ended(float(d))
+    ages = rng.exponential(600.0, len(p.nodes))
+    h = learner.decide(ages, len(p.nodes) / len(p.jobs))
+    expect = dict(zip(p.nodes, learner.expected(ages, ages).tolist()))
+    return Problem(p.nodes, p.jobs, h.tfwd, p.objective, expect)
+
+
+@pytest.mark.parametrize("seed", range(0, N_RANDOM, 2))
+def test_learned_horizon_matches_enumeration(seed: int) -> None:
+    """--tfwd auto changes T_fwd and the placement, never the objective: still exact for it."""
+    p = learned_problem(seed)
+    assert p.tfwd > 0 and (p.tfwd != 10.0 or not p.nodes)
+    plan = allocate(p)
+    check_plan(p, plan)
+    assert close(plan.objective, enumerate_optimum(p)), (plan.objective, enumerate_optimum(p))
+    assert plan.sizes == allocate(Problem(p.nodes, p.jobs, p.tfwd, p.objective)).sizes
+
+
+def test_placement_by_expected_idle_time() -> None:
+    """A growing job takes the nodes expected to stay idle longest, a shrinking one gives back
+    those expected to be reclaimed soonest; among alike nodes, its own rack first."""
+    curve = Curve((1, 8), (100.0, 800.0))
+    grow = JobRequest("G", 1, 4, curve, current_nodes=("a01n01",))
+    shrink = JobRequest("S", 1, 2, curve, current_nodes=("a02n01", "a02n02", "a03n01"))
+    nodes = ["a01n01", "a01n02", "a01n03", "a02n01", "a02n02", "a03n01", "a03n02", "a03n03"]
+    expect = {"a01n02": 100.0, "a01n03": 3000.0, "a02n01": 50.0, "a02n02": 5000.0, "a03n01": 4000.0,
+              "a03n02": 2900.0, "a03n03": 10.0}
+    plan = allocate(Problem(nodes, [grow, shrink], 100.0, expect=expect))
+    assert plan.sizes == {"G": 4, "S": 2}
+    assert set(plan.assignment["S"]) == {"a02n02", "a03n01"}             # a02n01 (50 s) given back
+    # 3000 s and 2900 s are alike (same power of two): own rack a01 first, then a03 (most free)
+    assert plan.assignment["G"][:1] == ["a01n01"]
+    assert plan.assignment["G"][1:3] == ["a01n03", "a03n02"]
+    without = allocate(Problem(nodes, [grow, shrink], 100.0))
+    assert "a01n02" in without.assignment["G"]                            # racks only: 100 s node taken
 
 
 # ---------------------------------------------------------------- other solvers and policies

@@ -210,6 +210,10 @@ INVALID = [
     ("min-nodes-inf", dict(min_nodes=INF), "min_nodes"),
     ("curve-throughput-nan", dict(curve={"nodes": [1, 2], "samples_per_second": [100, NAN]}), "curve"),
     ("curve-throughput-inf", dict(curve={"nodes": [1, 2], "samples_per_second": [100, INF]}), "curve"),
+    ("launcher-unknown", dict(launcher="mpirun"), "launcher"),
+    ("progress-pattern-no-group", dict(launcher="torchrun", progress_pattern=r"samples=\d+"), "progress_pattern"),
+    ("progress-pattern-broken", dict(launcher="torchrun", progress_pattern="samples=(\\d+"), "progress_pattern"),
+    ("stop-grace-negative", dict(launcher="torchrun", stop_grace_seconds=-1), "stop_grace_seconds"),
     ("curve-text-nan", dict(curve="1:100, 2:nan"), "curve"),
     ("curve-text-inf", dict(curve="1:inf"), "curve"),
     ("name-10000-chars", dict(name="x" * 10_000), "name"),
@@ -537,7 +541,7 @@ def test_metrics_agree_with_the_api(app, tokens):
     status, body = app.request("POST", "/api/replay/pause", token=tokens["staff1"])
     assert status == 200, body
     try:   # paused: /api/cluster, /api/jobs and /metrics all read the same snapshot
-        _, cluster = app.get("/api/cluster?nodes=0")
+        _, cluster = app.get("/api/cluster")
         _, jobs = app.get("/api/jobs")
         status, hdrs, text = call(app, "GET", "/metrics")
     finally:
@@ -549,6 +553,7 @@ def test_metrics_agree_with_the_api(app, tokens):
     kpis = cluster["kpis"]
 
     for name, kind in [("harvest_idle_nodes", "gauge"), ("harvest_harvested_nodes", "gauge"),
+                       ("harvest_idle_gpus", "gauge"), ("harvest_harvested_gpus", "gauge"),
                        ("harvest_job_samples_per_second", "gauge"), ("harvest_solver_seconds", "histogram"),
                        ("harvest_events", "counter"), ("harvest_jobs", "gauge")]:
         assert name in fams, f"{name} missing from /metrics"
@@ -561,6 +566,14 @@ def test_metrics_agree_with_the_api(app, tokens):
     assert kpis["idle"] > 0 and kpis["harvested"] > 0
     assert one("harvest_idle_nodes") == kpis["idle"]
     assert one("harvest_harvested_nodes") == kpis["harvested"]
+    # Summit's nodes have 6 GPUs each: every node says so, and the GPU gauges count them
+    assert {n["slots"] for n in cluster["nodes"]} == {6}
+    held = [n for n in cluster["nodes"] if n["state"] == "harvested"]
+    assert one("harvest_harvested_gpus") == kpis["harvested_gpus"] == 6 * len(held) == 6 * kpis["harvested"]
+    assert one("harvest_idle_gpus") == kpis["idle_gpus"] == 6 * kpis["idle"]
+    for j in jobs["jobs"]:
+        assert j["slots"] == 6 and j["ranks"] == 6 * j["nodes"], j
+        assert j["ranks"] == 6 * sum(n["job"] == j["id"] for n in held), j
     assert math.isclose(one("harvest_samples_per_second"), kpis["samples_per_second"])
 
     per_job = {s.labels["job"]: s.value for s in fams["harvest_job_samples_per_second"].samples}
@@ -674,7 +687,7 @@ def test_users_parse_refuses_a_bad_file(text, message):
 # ---- 7. python -m app refuses bad input ----------------------------------------------------
 
 @pytest.mark.parametrize("case", ["hours-negative", "hours-nan", "unknown-scenario-key", "speed-zero",
-                                  "nodes-zero", "missing-trace", "bad-users-file"])
+                                  "nodes-zero", "missing-trace", "bad-users-file", "gpus-zero"])
 def test_app_refuses_bad_input_clearly(tmp_path, case):
     users = write_users(tmp_path / "users.json")
     extra = {
@@ -685,6 +698,7 @@ def test_app_refuses_bad_input_clearly(tmp_path, case):
         "nodes-zero": ["--nodes", "0"],
         "missing-trace": ["--trace", str(tmp_path / "no-such-trace.csv")],
         "bad-users-file": ["--users", str(tmp_path / "bad-users.json")],
+        "gpus-zero": ["--gpus-per-node", "0"],
     }[case]
     (tmp_path / "scenario.json").write_text(json.dumps({"hours": 2, "bogus": 1}))
     (tmp_path / "bad-users.json").write_text('{"users": [{"name": "x", "role": "root", "password_hash": "h"}]}')
@@ -703,5 +717,6 @@ def test_app_refuses_bad_input_clearly(tmp_path, case):
     assert "Traceback" not in r.stderr
     assert {"hours-negative": "hours", "unknown-scenario-key": "bogus", "speed-zero": "speed",
             "nodes-zero": "nodes", "missing-trace": "no-such-trace.csv", "bad-users-file": "role",
-            "hours-nan": "hours"}[case] in errors[0]
+            "hours-nan": "hours", "gpus-zero": "--gpus-per-node: must be a whole number from 1 to 1024"}[case] \
+        in errors[0]
     assert sorted(p.name for p in db.parent.iterdir()) == [], "a refused start left a store behind"

@@ -256,6 +256,8 @@ def test_register_through_form_shows_in_table_and_grid(server, alice):
     assert held, (f"no grid cell shows {job_id} after {(t_seen - t_registered) / 60:.0f} simulated minutes; "
                   f"the API says {info['state']} on {info['nodes']} nodes")
     assert all(name in s for s in held)
+    # Summit's nodes have 6 GPUs: the hover says so, and what the job holds in all (no ranks run in a replay)
+    assert all(re.search(r"<br>6 GPUs · the job: [\d,]+ nodes? × 6 GPUs = [\d,]+ GPUs held$", s) for s in held), held
     assert info["nodes"] > 0, info
     assert t_seen - t_registered < 30 * 60, f"took {(t_seen - t_registered) / 60:.0f} simulated minutes"
     # the legend links the job too
@@ -321,6 +323,12 @@ def test_job_page_draws_curve_and_says_why(server, anon, api_job):
     assert "{" not in why and "None" not in why and "Traceback" not in why, why
     head = page.inner_text("#job-head")
     assert job_id in head and api_job["name"] in head
+    # what it holds, in nodes and in Summit's 6 GPUs per node
+    page.wait_for_function("() => / × 6 GPUs = /.test(document.querySelector('#job-holds')?.innerText || '')",
+                           timeout=30_000)
+    holds = page.inner_text("#job-holds").strip()
+    m = re.fullmatch(r"([\d,]+) nodes? × 6 GPUs = ([\d,]+) GPUs held", holds)
+    assert m and 6 * int(m[1].replace(",", "")) == int(m[2].replace(",", "")), holds
     # numbers a person can read: 1e12 samples is "1T" or "1,000G", never "1e+03G"
     facts = head.replace(job_id, "")            # a hex job id may hold "4e3" by chance
     assert not re.search(r"\de[+-]?\d", facts), f"the job's facts print a number in e-notation: {head!r}"

@@ -100,3 +100,25 @@ def test_cancel_releases_nodes():
     assert ctl.jobs["A"].state is JobState.CANCELLED and not ctl.owner and not ctl.running
     with pytest.raises(ValueError):
         ctl.submit(job("A"))
+
+
+def test_auto_horizon_learns_from_ended_fragments_only():
+    """--tfwd auto: the fallback until a node's idle fragment ends, then a horizon from what was
+    seen (never from the future); the snapshot says what it was learned from."""
+    nodes = [f"a01n{i:02d}" for i in range(1, 9)]
+    clock = SimClock(T0)
+    ctl = Controller(SimulatedDispatcher(), clock, ControllerConfig(tfwd="auto"), None, nodes)
+    assert ctl.config.learns_horizon and ctl.horizon.tfwd == 10.0 and not ctl.horizon.learned
+    ctl.start(nodes)
+    ctl.submit(job("J", hi=8))
+    ctl.step()
+    assert not ctl.horizon.learned and ctl.horizon.fragments == 0
+    clock.advance_to(T0 + 300)
+    ctl.step([Event(T0 + 300, EventKind.NODE_LEAVE, node="a01n01")])
+    h = ctl.horizon
+    assert h.learned and h.fragments == 1 and h.nodes == 7
+    # one fragment of 300 s, seven nodes idle for 300 s still going: they outlive it
+    assert h.node_life_s > 0 and h.tfwd == pytest.approx(h.node_life_s / 7)
+    assert ctl.snapshot("running", 1).config["horizon"]["fragments"] == 1
+    with pytest.raises(Exception, match="positive number of seconds or auto"):
+        ControllerConfig(tfwd="soon")

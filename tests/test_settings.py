@@ -25,8 +25,10 @@ def error_of(data: dict) -> SettingsError:
     ({"hours": -1}, "replay.hours"), ({"hours": math.nan}, "replay.hours"), ({"hours": 0}, "replay.hours"),
     ({"nodes": 0}, "replay.nodes"), ({"start": "yesterday"}, "replay.start"), ({"curves": "magic"}, "replay.curves"),
     ({"coalesce": -1}, "replay.coalesce"), ({"config": {"tfwd": -5}}, "replay.config.tfwd"),
-    ({"config": {"tfwd": math.inf}}, "replay.config.tfwd"), ({"config": {"max_jobs": 0}}, "replay.config.max_jobs"),
+    ({"config": {"tfwd": math.inf}}, "replay.config.tfwd"), ({"config": {"tfwd": "soon"}}, "replay.config.tfwd"), ({"config": {"max_jobs": 0}}, "replay.config.max_jobs"),
     ({"config": {"policy": "fastest"}}, "replay.config.policy"), ({"bogus": 1}, "replay.bogus"),
+    ({"gpus_per_node": 0}, "replay.gpus_per_node"), ({"gpus_per_node": 1025}, "replay.gpus_per_node"),
+    ({"gpus_per_node": 2.5}, "replay.gpus_per_node"),
 ])
 def test_a_bad_replay_setting_is_named_by_its_path(replay, path):
     e = error_of({"replay": replay})
@@ -36,7 +38,8 @@ def test_a_bad_replay_setting_is_named_by_its_path(replay, path):
 def test_the_same_rules_hold_however_the_settings_are_built():
     """The replay page changes settings with dataclasses.replace; the CLI and tests parse dicts."""
     base = ReplaySettings(hours=2)
-    for change, field in (({"hours": -2}, "hours"), ({"nodes": 0}, "nodes"), ({"start": "soon"}, "start")):
+    for change, field in (({"hours": -2}, "hours"), ({"nodes": 0}, "nodes"), ({"start": "soon"}, "start"),
+                          ({"gpus_per_node": 0}, "gpus_per_node")):
         with pytest.raises(SettingsError) as e:
             replace(base, **change)
         assert e.value.field == field
@@ -119,6 +122,8 @@ def test_the_command_line_becomes_settings():
     s = settings_from(args)
     assert s.live is None and s.speed == 120.0 and s.db == Path("x.db")
     assert s.replay.hours == 3.0 and s.replay.nodes == 40 and s.replay.config == ControllerConfig(tfwd=60.0)
+    auto = settings_from(build_parser().parse_args(["--db", "x.db", "--tfwd", "auto"]))
+    assert auto.replay.config.tfwd == "auto" and auto.replay.config.learns_horizon
     args = build_parser().parse_args(["--dispatch", "local", "--local-nodes", "3", "--port", "9000",
                                       "--no-profiler", "--max-jobs", "4"])
     s = settings_from(args)

@@ -5,7 +5,7 @@ import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
 from app import context, ids
-from app.format import si
+from app.format import gpus, si
 from app.grid import (BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure,
                       grid_patch)
 
@@ -112,8 +112,17 @@ def update_kpis(_n):
         colour = (PROBE_COLOURS if probing else JOB_COLOURS)[book.slot(j["id"])]
         label = f'{j["name"] or j["id"]}: {j["nodes"]}' + (" (probing)" if probing else "")
         legend.append(html.A(_swatch(colour, label), href=f'/jobs/{j["id"]}', className="legend-link"))
-    return (f'{k["idle"]:,}', f'{k["harvested"]:,}', f'{k["harvest_pct"]:.1f} %',
+    return (_with_gpus(k["idle"], k.get("idle_gpus")), _with_gpus(k["harvested"], k.get("harvested_gpus")),
+            f'{k["harvest_pct"]:.1f} %',
             si(k["samples_per_second"]), f'{k["running"]} / {k["queued"]}', legend)
+
+
+def _with_gpus(nodes: int, gpu_count) -> list:
+    """A node count, and the GPUs of those nodes where some node has more than one."""
+    shown: list = [f"{nodes:,}"]
+    if gpu_count is not None and gpu_count != nodes:
+        shown.append(html.Span(f" · {gpus(gpu_count)}", className="kpi-sub"))
+    return shown
 
 
 def _swatch(colour: str, label: str, id_: str = "") -> html.Span:

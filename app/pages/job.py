@@ -6,10 +6,11 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from core.explain import why
+from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
-from app.format import duration, finite, si, sim_time
+from app.format import duration, extent, finite, si, sim_time
 
 dash.register_page(__name__, path_template="/jobs/<job_id>", name="Job", title="Job · harvester")
 
@@ -78,12 +79,16 @@ def update_job(n, job_id):
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
             _fact("state", info["state"]), _fact("owner", job.owner or "job set"),
-            _fact("nodes now", f'{info["nodes"]} (min {job.min_nodes}, max {job.max_nodes})'),
+            _fact("holds now", extent(info["nodes"], info.get("slots"), info.get("ranks", info["nodes"]),
+                                      bool(cfg.get("runs_workers"))), ids.JOB_HOLDS),
+            _fact("size", f"{job.min_nodes} to {job.max_nodes} nodes"),
             _fact("samples/s", si(info["samples_per_second"])),
             _fact("progress", f'{100 * info["progress"]:.1f} % of {si(job.total_samples)}'),
             _fact("ETA", sim_time(info["eta"]) if info["eta"] else "–"),
             _fact("submitted", sim_time(job.submit_time)),
-            _fact("grow / shrink pause" + (" (learned)" if profile else ""),
+            *([_fact("launcher", LAUNCHER_TEXT.get(job.launcher, job.launcher))] if job.command else []),
+            _fact(("restart cost up / down" if job.launcher == LAUNCHER_TORCHRUN else "grow / shrink pause")
+                  + (" (learned)" if profile else ""),
                   f"{_pause(profile['scale_up_seconds'] if profile else job.scale_up_seconds)} / "
                   f"{_pause(profile['scale_down_seconds'] if profile else job.scale_down_seconds)}"),
         ], className="facts"),
@@ -101,6 +106,10 @@ def update_job(n, job_id):
             probe_rows(profile), shown, probes_title(profile))
 
 
+LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
+                 LAUNCHER_TORCHRUN: "restart-based (torchrun)"}
+
+
 def job_log(events, allocs, limit=200) -> list[dict]:
     """The job's own events and every change of its allocation, newest first."""
     rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in reversed(events)]
@@ -110,8 +119,9 @@ def job_log(events, allocs, limit=200) -> list[dict]:
             for i in order[:limit]]
 
 
-def _fact(k, v):
-    return html.Div([html.Div(k, className="fact-key"), html.Div(v, className="fact-value")], className="fact")
+def _fact(k: str, v: str, id_: str = "") -> html.Div:
+    value = html.Div(v, className="fact-value", **({"id": id_} if id_ else {}))
+    return html.Div([html.Div(k, className="fact-key"), value], className="fact")
 
 
 def _empty():

@@ -10,15 +10,16 @@ import dash
 from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from core.errors import SettingsError
-from core.settings import DATA, POLICIES, SPEED_MAX, SPEED_MIN, ReplaySettings
+from core.settings import DATA, MAX_SLOTS, POLICIES, SPEED_MAX, SPEED_MIN, ReplaySettings, parse_tfwd
 
 from app import context, ids
+from app.format import gpus
 
 dash.register_page(__name__, path="/replay", name="Replay", title="Replay · harvester")
 
 #: how the form names each setting in its messages
 FORM_NAMES = {"start": "window start", "hours": "hours", "nodes": "first N nodes", "racks": "racks",
-              "jobs": "job set", "policy": "policy", "tfwd": "T_fwd"}
+              "jobs": "job set", "policy": "policy", "tfwd": "T_fwd", "gpus_per_node": "GPUs per node"}
 SPEED_MARKS = {0: "1x", 1: "10x", math.log10(60): "60x", math.log10(600): "600x", math.log10(3600): "3600x"}
 
 
@@ -50,12 +51,16 @@ def layout(**_):
                                            className="form-input"), "empty = all"),
             row("Racks", dcc.Input(id=ids.RP_RACKS, type="text", value=s.racks or "", placeholder="a01-a10,b03",
                                    className="form-input"), "empty = all"),
+            row("GPUs per node", dcc.Input(id=ids.RP_GPUS, type="number", min=1, max=MAX_SLOTS, step=1,
+                                           value=s.gpus_per_node, className="form-input"),
+                "empty = 6 for the Summit trace, else 1"),
             row("Job set", dcc.Dropdown(id=ids.RP_JOBSET, options=_jobsets(), value=str(s.jobs), clearable=False,
                                         className="form-input")),
             row("Policy", dcc.Dropdown(id=ids.RP_POLICY, options=list(POLICIES), value=s.config.policy,
                                        clearable=False, className="form-input")),
-            row("T_fwd (s)", dcc.Input(id=ids.RP_TFWD, type="number", min=0.1, value=s.config.tfwd,
-                                       className="form-input"), "how far ahead the allocator looks"),
+            row("T_fwd (s)", dcc.Input(id=ids.RP_TFWD, type="text", value=str(s.config.tfwd),
+                                       className="form-input"),
+                "how far ahead the allocator looks: seconds, or auto (learned from the idle fragments)"),
             row("Speed", html.Div(dcc.Slider(id=ids.RP_SPEED, min=0, max=math.log10(SPEED_MAX), step=0.01,
                                              value=math.log10(h.speed), marks=SPEED_MARKS,
                                              updatemode="mouseup", allow_direct_input=False),
@@ -83,9 +88,11 @@ def state(_n):
     s = h.settings
     window = (f"from {s.start or 'the start'} " + (f"for {s.hours:g} h" if s.hours else "to the end of the trace"))
     nodes = f"{len(snap.nodes):,} nodes" if snap.nodes else ""
+    if snap.nodes and snap.slots and len(set(snap.slots)) == 1:
+        nodes += f" × {gpus(snap.slots[0])}"
     err = f" — error: {h.problem}" if h.problem else ""
     return (f"{snap.status} at {h.speed:g}x: {Path(s.trace).name}, {window}, {nodes}, "
-            f"{Path(s.jobs).name}, policy {s.config.policy}, T_fwd {s.config.tfwd:g} s{err}")
+            f"{Path(s.jobs).name}, policy {s.config.policy}, T_fwd {_tfwd(s.config.tfwd)}{err}")
 
 
 @dash.callback(Output(ids.RP_RESULT, "children"),
@@ -93,8 +100,10 @@ def state(_n):
                Input(ids.RP_RESTART, "n_clicks"), Input(ids.RP_APPLY_SPEED, "n_clicks"),
                State(ids.RP_START, "value"), State(ids.RP_HOURS, "value"), State(ids.RP_NODES, "value"),
                State(ids.RP_RACKS, "value"), State(ids.RP_JOBSET, "value"), State(ids.RP_POLICY, "value"),
-               State(ids.RP_TFWD, "value"), State(ids.RP_SPEED, "value"), prevent_initial_call=True)
-def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks, jobset, policy, tfwd, speed_log):
+               State(ids.RP_TFWD, "value"), State(ids.RP_SPEED, "value"), State(ids.RP_GPUS, "value"),
+               prevent_initial_call=True)
+def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks, jobset, policy, tfwd, speed_log,
+            gpus_per_node):
     user = context.current_user()
     if user is None or not user.is_staff:
         return html.Span("Only staff may control the replay.", className="error")
@@ -116,7 +125,7 @@ def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks,
             h.restart(speed=speed)
             return html.Span("Restarting from the beginning of the window…", className="ok")
         if what == ids.RP_NEW:
-            settings = new_settings(h.settings, start, hours, nodes, racks, jobset, policy, tfwd)
+            settings = new_settings(h.settings, start, hours, nodes, racks, jobset, policy, tfwd, gpus_per_node)
             h.restart(settings, speed=speed)
             return html.Span("Loading the new run…", className="ok")
     except SettingsError as e:
@@ -126,15 +135,29 @@ def command(_new, _pause, _resume, _restart, _speed, start, hours, nodes, racks,
     return no_update
 
 
-def new_settings(base: ReplaySettings, start, hours, nodes, racks, jobset, policy, tfwd) -> ReplaySettings:
+def _tfwd(tfwd: float | str) -> str:
+    return tfwd if isinstance(tfwd, str) else f"{tfwd:g} s"
+
+
+def new_settings(base: ReplaySettings, start, hours, nodes, racks, jobset, policy, tfwd,
+                 gpus_per_node=None) -> ReplaySettings:
     """Replay settings from the form (checked by ReplaySettings itself); raises SettingsError."""
     if jobset not in {o["value"] for o in _jobsets()}:
         raise SettingsError("jobs", "choose one of the job sets in data/")
     try:
-        config = replace(base.config, policy=policy, tfwd=float(tfwd) if tfwd else base.config.tfwd)
+        config = replace(base.config, policy=policy, tfwd=parse_tfwd(tfwd) if tfwd else base.config.tfwd)
         return replace(base, jobs=Path(jobset), start=start, hours=float(hours) if hours else None,
-                       nodes=int(nodes) if nodes else None, racks=racks, config=config)
+                       nodes=int(nodes) if nodes else None, racks=racks, config=config,
+                       gpus_per_node=_whole(gpus_per_node))
     except (TypeError, ValueError) as e:
         if isinstance(e, SettingsError):
             raise
         raise SettingsError("", f"a number field holds something else: {e}") from None
+
+
+def _whole(value):
+    """A whole number from a number field (the browser sends 4.0 or 4); anything else is left for
+    ReplaySettings to refuse with the field's name."""
+    if value in (None, ""):
+        return None
+    return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..model import Event, EventKind, Job, PauseSample, RateSample
+from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
 from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from .base import Dispatcher
+from .restarts import RestartJobs
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -92,9 +93,16 @@ class WorkerDispatcher(Dispatcher):
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dispatch")
         self._checking = False
         self._last_check = 0.0
+        self.restarts = RestartJobs(transport, self.specs, self.logdir, workdir, self._base_env,
+                                    self._pool.submit, self._post, self._restart_lost, sample_s=sample_s)
 
     # ---- what the controller asks ---------------------------------------------------------
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            unknown = [n for n in nodes if n not in self.specs]
+            if unknown:
+                raise ValueError(f"node {unknown[0]} is not in the inventory")
+            return self.restarts.resize(job, nodes, now)
         with self._lock:
             run = self._run(job)
             want = list(nodes)
@@ -116,6 +124,8 @@ class WorkerDispatcher(Dispatcher):
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=self.pg_timeout_s + 5)
 
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.vacate(job, lost, now)
         with self._lock:
             run = self._runs.get(job.id)
             if run is None:
@@ -127,6 +137,8 @@ class WorkerDispatcher(Dispatcher):
                 self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
 
     def stop(self, job: Job, now: float) -> None:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.stop(job)
         with self._lock:
             run = self._runs.pop(job.id, None)
         if run is None:
@@ -140,12 +152,16 @@ class WorkerDispatcher(Dispatcher):
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
 
     def progress(self, job: Job, now: float) -> float:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.progress(job)
         run = self._runs.get(job.id)
         if run is None:
             return job.samples_done
         return max(job.samples_done, float(run.coord.status()["samples_done"]))
 
     def rate(self, job: Job) -> float:
+        if job.launcher == LAUNCHER_TORCHRUN:
+            return self.restarts.rate(job)
         run = self._runs.get(job.id)
         if run is None:
             return 0.0
@@ -155,7 +171,7 @@ class WorkerDispatcher(Dispatcher):
         """Throughput over each generation's last `sample_s` of training, and the pause of each
         regroup between two sizes, since the last call. Sizes are nodes (the unit of curves),
         whatever the ranks per node."""
-        out: list = []
+        out: list = self.restarts.samples()
         t = time.monotonic()
         with self._lock:
             runs = [r for r in self._runs.values() if not r.ended]
@@ -192,7 +208,9 @@ class WorkerDispatcher(Dispatcher):
         """The coordinator's status of the job with its last `HISTORY` generations (members,
         per-rank checksums and places at each sync and stop)."""
         run = self._runs.get(job_id)
-        return {**run.coord.status(), "generations": run.coord.generations()[-HISTORY:]} if run else None
+        if run is None:
+            return self.restarts.status(job_id)
+        return {**run.coord.status(), "generations": run.coord.generations()[-HISTORY:]}
 
     def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         return self.book.accept_http(job_id, authorization, body)
@@ -218,7 +236,7 @@ class WorkerDispatcher(Dispatcher):
                     events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id,
                                         detail=self._why_failed(run, st["error"])))
             if not self._checking and time.monotonic() - self._last_check >= self.alive_every_s and \
-                    any(r.handles for r in self._runs.values()):
+                    (any(r.handles for r in self._runs.values()) or self.restarts.handles()):
                 self._checking = True
                 self._pool.submit(self._check_alive)
         return events
@@ -231,6 +249,8 @@ class WorkerDispatcher(Dispatcher):
             run.coord.close(wait=False)
             for n in {ranks.node_of(k) for k in run.handles}:
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
+        for job in [r.job for r in self.restarts.runs.values()]:
+            self.restarts.stop(job)
         self._pool.shutdown(wait=True)
         self.transport.close()
 
@@ -243,10 +263,8 @@ class WorkerDispatcher(Dispatcher):
             token = secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
             ckpt = self.logdir / job.id / "checkpoint"
-            extra = {k: os.environ[k] for k in self.worker_env if k in os.environ}
-            extra.update({ENV_CHECKPOINT_DIR: str(ckpt), "OMP_NUM_THREADS": "1"})
-            if self.pythonpath:
-                extra["PYTHONPATH"] = self.pythonpath
+            extra = self._base_env()
+            extra[ENV_CHECKPOINT_DIR] = str(ckpt)
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
                                    host=self.coordinator_host, bind_host=self.coordinator_bind,
                                    report_url=url, token=token,
@@ -254,6 +272,29 @@ class WorkerDispatcher(Dispatcher):
             self.book.register(job.id, coord.token)
             run = self._runs[job.id] = _Run(job, coord)
         return run
+
+    def _base_env(self) -> dict[str, str]:
+        """What every worker gets besides its job's own variables: the site's names
+        (`worker_env`), one thread per rank, and this checkout on PYTHONPATH."""
+        env = {k: os.environ[k] for k in self.worker_env if k in os.environ}
+        env["OMP_NUM_THREADS"] = "1"
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
+        return env
+
+    def _restart_lost(self, job_id: str, node: str, detail: str) -> None:
+        """A restart-based job lost `node` (a rank died or it cannot be reached): the same
+        accounting as a runtime job's lost node (a leave, offered again later, a crash count)."""
+        run = self.restarts.runs.get(job_id)
+        if run is None:
+            return
+        with self._lock:
+            self._events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, job=job_id, detail=detail))
+            self._rejoin.append((time.time() + self.rejoin_after_s, node))
+            if run.crashes >= self.max_crashes and not run.ended:
+                run.ended = True
+                self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=job_id,
+                                          detail=f"{run.crashes} ranks lost; last: {detail}"))
 
     def _keys(self, nodes: Sequence[str]) -> list[str]:
         """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
@@ -339,7 +380,9 @@ class WorkerDispatcher(Dispatcher):
             with self._lock:
                 watched = [(run, k, h) for run in self._runs.values() if not run.ended
                            for k, h in run.handles.items()]
-            alive = self.transport.alive_many([h for _, _, h in watched])
+            restarted = self.restarts.handles()
+            alive = self.transport.alive_many([h for _, _, h in watched] + [h for _, _, h in restarted])
+            self.restarts.check(alive)
             down: dict[tuple[str, str], tuple[_Run, Handle, Optional[bool]]] = {}
             for run, key, handle in watched:
                 ok = alive.get(handle)

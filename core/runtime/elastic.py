@@ -377,7 +377,7 @@ class ElasticJob:
                 "local_world_size": self.local_world_size, "nodes": self.nodes,
                 "env": {k: env.get(k) for k in (ranks.ENV_RANK, ranks.ENV_WORLD_SIZE, ranks.ENV_LOCAL_RANK,
                                                 ranks.ENV_NODE_RANK, ranks.ENV_LOCAL_WORLD_SIZE)},
-                "device": str(self.device)}
+                "device": str(self._device), "backend": self._backend}
 
     def _skip_lost_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if self._poisoned:          # drop this step's gradients: optimizers skip grad-less params

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..clock import WallClock
 from ..controller import Controller, ControllerConfig
 from ..restore import restore
 from ..dispatchers.base import Dispatcher
 from ..jpa import JPA, JPAConfig
-from ..model import Curve, Event, EventKind, Job
+from ..model import LAUNCHER_TORCHRUN, RESTART_COST_PRIOR_S, Curve, Event, EventKind, Job
 from ..runners import LiveRunner
 from ..schemas import JobSpec
+from ..slots import Slots
 from ..sources.base import LiveNodeSource
 from ..store import Store
 from .base import Capabilities, Harvester, new_job_id
@@ -24,13 +25,16 @@ class LiveHarvester(Harvester):
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
                  fresh: bool = False, require_command: bool = False,
-                 jpa: Optional[JPAConfig] = None) -> None:
+                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None) -> None:
+        """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
+        and /metrics."""
         super().__init__(db, tick_s, fresh)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
         self.require_command = require_command
         self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
+        self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
                                          operates_nodes=source.operated_by_hand)
 
@@ -43,7 +47,7 @@ class LiveHarvester(Harvester):
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
         if store.meta("live") is not None:
-            ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor)
+            ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor, slots=self.slots)
             known = set(ctl.idle)
             for n in known - set(idle):
                 ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=n))
@@ -51,7 +55,7 @@ class LiveHarvester(Harvester):
                 if n not in known:
                     ctl.post(Event(clock.now(), EventKind.NODE_JOIN, node=n))
         else:
-            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor)
+            ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
         ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
@@ -61,19 +65,27 @@ class LiveHarvester(Harvester):
         the profiler learns it from scratch. Simulated workers run at the curve given."""
         if self.require_command and not spec.command:
             raise ValueError("command: a job on real workers needs the command to run on each node")
-        if spec.command and not spec.global_batch:
+        torchrun = spec.launcher == LAUNCHER_TORCHRUN
+        if torchrun and not spec.command:
+            raise ValueError("command: a torchrun job needs the command each rank runs")
+        if spec.command and not spec.global_batch and not torchrun:
             raise ValueError("global_batch: give the samples per step of the command")
         if spec.curve is None and not (self.require_command and ctl.advisor is not None):
             raise ValueError("curve: give the job's throughput curve (simulated workers run at it)"
                              if not self.require_command else
                              "curve: give the job's throughput curve (the profiler is off)")
         given = spec.curve.to_curve() if spec.curve is not None else None
+        told = spec.model_fields_set       # a restart's cost is a prior until measured
+        up = spec.scale_up_seconds if not torchrun or "scale_up_seconds" in told else RESTART_COST_PRIOR_S
+        down = spec.scale_down_seconds if not torchrun or "scale_down_seconds" in told else RESTART_COST_PRIOR_S
         return Job(id=new_job_id(ctl), min_nodes=spec.min_nodes, max_nodes=spec.max_nodes,
                    total_samples=spec.total_samples, curve=given or Curve((spec.min_nodes,), (0.0,)),
-                   scale_up_seconds=spec.scale_up_seconds, scale_down_seconds=spec.scale_down_seconds,
+                   scale_up_seconds=up, scale_down_seconds=down,
                    priority=spec.priority, submit_time=ctl.clock.now(), name=spec.name, owner=owner,
                    true_curve=None if self.require_command else given, given_curve=given,
-                   command=tuple(spec.command or ()), global_batch=spec.global_batch or 0)
+                   command=tuple(spec.command or ()), global_batch=spec.global_batch or 0,
+                   launcher=spec.launcher, progress_pattern=spec.progress_pattern,
+                   stop_grace_seconds=spec.stop_grace_seconds)
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         return self.dispatcher.status(job_id)

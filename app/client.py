@@ -1,0 +1,217 @@
+"""A Python client for the harvester's JSON API (`/api`, see app/api.py and the README).
+
+Standard library only and no import of the rest of this repository, so that a user's script
+can copy this one file next to itself and needs nothing installed:
+
+    from app.client import ApiError, Client
+
+    api = Client.login("http://head01:8050", "alice", "...")
+    job = api.submit(name="digits", min_nodes=1, max_nodes=4, total_samples=640_000, global_batch=64,
+                     command=["python", "examples/digits_cnn.py", "--lr", "0.1"])
+    print(api.wait(job["id"], timeout=3600)["state"])          # done, failed or cancelled
+
+Every refusal by the server, and a server that cannot be reached, raises `ApiError`; a job the
+server refuses carries the server's message per field in `ApiError.field_errors`, the same
+words the dashboard's form shows beside each field.
+"""
+
+# No `from __future__ import annotations` here: Python 3.11's TypedDict sees Required and
+# NotRequired only in evaluated annotations.
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Iterator, NotRequired, Optional, Required, TypedDict, Union, Unpack
+
+__all__ = ["ApiError", "Client", "FINISHED", "Job", "JobFields", "Workers"]
+
+#: the states a job never leaves
+FINISHED: tuple[str, ...] = ("done", "failed", "cancelled")
+
+
+class JobFields(TypedDict, total=False):
+    """What `POST /api/jobs` takes (the server's JobSpec checks it; see the README for the rules)."""
+
+    name: Required[str]
+    min_nodes: Required[int]
+    max_nodes: Required[int]
+    total_samples: Required[float]
+    #: "nodes:samples/s, ..." or {"nodes": [...], "samples_per_second": [...]}; optional on real workers
+    curve: Union[str, dict[str, list[float]], None]
+    scale_up_seconds: float
+    scale_down_seconds: float
+    priority: float
+    #: the argv each node runs (never through a shell), live mode
+    command: Union[list[str], str]
+    #: samples per step of `command` (the elastic runtime's jobs)
+    global_batch: int
+    #: "runtime" (the script uses core/runtime/elastic.py, the default) or "torchrun" (an unmodified script)
+    launcher: str
+    #: torchrun jobs: the regex that finds progress in rank 0's output
+    progress_pattern: str
+    #: torchrun jobs: SIGTERM to SIGKILL at a restart, for the script to checkpoint
+    stop_grace_seconds: float
+
+
+class Workers(TypedDict, total=False):
+    """The running workers of a live job, as `GET /api/jobs/<id>` reports them."""
+
+    generation: int
+    world_size: int
+    nodes: list[str]
+    members: list[str]
+    regrouping: bool
+    committed_step: int
+    loss: Optional[float]          # rank 0's last loss (NaN once a run diverges)
+    lost: list[str]
+    last_rescale: Optional[dict[str, Any]]
+    generations: int
+
+
+class Job(TypedDict):
+    """A job as the API returns it. `job()` adds the keys marked NotRequired; `jobs()` and
+    `submit()` return the others."""
+
+    id: str
+    name: str
+    owner: str
+    state: str
+    nodes: int
+    slots: Optional[int]           # ranks per node of its nodes, None when they differ
+    ranks: int                     # ranks over all its nodes
+    min_nodes: int
+    max_nodes: int
+    priority: float
+    samples_per_second: float
+    samples_done: float
+    total_samples: float
+    progress: float
+    eta: Optional[float]
+    submit_time: Optional[float]
+    start_time: Optional[float]
+    end_time: Optional[float]
+    confidence: Optional[str]
+    curve: NotRequired[dict[str, list[float]]]
+    scale_up_seconds: NotRequired[float]
+    scale_down_seconds: NotRequired[float]
+    launcher: NotRequired[str]
+    progress_pattern: NotRequired[str]
+    stop_grace_seconds: NotRequired[float]
+    workers: NotRequired[Workers]
+    profile: NotRequired[Optional[dict[str, Any]]]
+    why: NotRequired[str]
+
+
+class ApiError(Exception):
+    """The server said no (`status` is its HTTP status), or gave no usable answer (`status` 0).
+
+    One type for every failure so that a script needs one `except`; `field_errors` holds the
+    server's message per field of a refused job (422), empty otherwise."""
+
+    def __init__(self, status: int, message: str, field_errors: Optional[dict[str, str]] = None) -> None:
+        self.status = status
+        self.message = message
+        self.field_errors: dict[str, str] = dict(field_errors or {})
+        detail = "; ".join(f"{k}: {v}" for k, v in self.field_errors.items())
+        super().__init__(f"{status or 'no answer'}: {message}" + (f" ({detail})" if detail else ""))
+
+
+class Client:
+    """One harvester at `url` (e.g. "http://head01:8050"), as the holder of `token` (from
+    `POST /api/token`; `Client.login` gets one). Reads need no token, writes do."""
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    @classmethod
+    def login(cls, url: str, user: str, password: str, timeout: float = 30.0) -> "Client":
+        """A client holding a fresh bearer token for `user` (valid 7 days), so that a password
+        is sent once and never kept."""
+        client = cls(url, timeout=timeout)
+        body = client._request("POST", "/api/token", {"username": user, "password": password})
+        client.token = str(body["token"])
+        return client
+
+    def submit(self, **fields: Unpack[JobFields]) -> Job:
+        """Register a job; its id, state ("queued" or "running") and the rest as the server has
+        it. A refused job raises ApiError 422 with `field_errors`, and nothing is stored."""
+        return self._request("POST", "/api/jobs", dict(fields))
+
+    def job(self, job_id: str) -> Job:
+        """One job with its curve, the "why" line and, while it runs on real workers, `workers`
+        (world size, rank 0's last loss, ...)."""
+        return self._request("GET", f"/api/jobs/{_quote(job_id)}")
+
+    def jobs(self, state: Optional[str] = None, owner: Optional[str] = None) -> list[Job]:
+        """Every job the server knows (all of them: the API does not page), optionally only
+        those in `state` ("queued", "running", "done", "failed", "cancelled") or of `owner`
+        ("" is the replayed job set's)."""
+        query = {k: v for k, v in (("state", state), ("owner", owner)) if v is not None}
+        path = "/api/jobs" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        return self._request("GET", path)["jobs"]
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job (its workers are stopped); ApiError 403 when it is someone else's and
+        you are not staff, 404 when there is no such job, 409 when it has already ended."""
+        return self._request("DELETE", f"/api/jobs/{_quote(job_id)}")
+
+    def watch(self, job_id: str, poll_s: float = 1.0) -> Iterator[Job]:
+        """The job every `poll_s` seconds, ending with the first answer in a final state: for a
+        script that acts while a job trains (reads its loss, cancels it) and then goes on."""
+        while True:
+            job = self.job(job_id)
+            yield job
+            if job["state"] in FINISHED:
+                return
+            time.sleep(poll_s)
+
+    def wait(self, job_id: str, states: tuple[str, ...] = FINISHED, timeout: Optional[float] = None,
+             poll_s: float = 1.0) -> Job:
+        """The job once it is in one of `states`; TimeoutError after `timeout` seconds (None:
+        no limit), since waiting too long is the caller's limit, not the server's refusal.
+        It also returns when the job ends in a state outside `states`: nothing would change."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in states or job["state"] in FINISHED:
+                return job
+            if deadline is not None and time.monotonic() + poll_s > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout:g} s")
+            time.sleep(poll_s)
+
+    def _request(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                status, text = resp.status, resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise ApiError(0, f"cannot reach {self.url}: {reason}") from e
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError:
+            payload = None
+        if status >= 400:
+            if isinstance(payload, dict):
+                errors = payload.get("errors")
+                raise ApiError(status, str(payload.get("error") or text),
+                               errors if isinstance(errors, dict) else None)
+            raise ApiError(status, text.strip()[:500] or f"HTTP {status}")
+        if payload is None and text:
+            raise ApiError(status, f"the server's answer is not JSON: {text[:200]!r}")
+        return payload
+
+
+def _quote(job_id: str) -> str:
+    return urllib.parse.quote(job_id, safe="")

@@ -1,0 +1,123 @@
+"""How close does each allocation policy come to what rescaling for free would give? Samples of
+milp at several fixed T_fwd, of even, greedy and milp with the learned horizon (`--tfwd auto`),
+each as a fraction of the rescale-free bound: the same replay (same trace window, job set, queue
+and curves) with every scale_up_seconds / scale_down_seconds set to 0.
+
+    python -m bench.policy [--json] [--start ISO --hours H] [--jobs CSV] [--max-jobs N]
+                           [--parallel P] [--only NAME,NAME]
+
+Every run is a separate `python -m core.replay` process. A table goes to stdout, progress to
+stderr; with --json the last line is {"window": ..., "bound_samples": ..., "ratios": {"milp@10":
+..., "auto": ..., ...}, "runs": {...}}. Rescales and preemptions are per job-hour (hours jobs
+spent admitted), preemptions also per used node-hour (what placement by expected idle time aims
+to lower).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.replay import run
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGENET = ROOT / "data" / "jobs-imagenet-1001.csv"
+START = "2021-02-10T20:00:00Z"
+TFWDS = (10, 30, 60, 120, 300)
+VARIANTS: dict[str, list[str]] = {
+    **{f"milp@{t}": ["--policy", "milp", "--tfwd", str(t)] for t in TFWDS},
+    "even": ["--policy", "even"],
+    "greedy": ["--policy", "greedy"],
+    "auto": ["--policy", "milp", "--tfwd", "auto"],
+}
+
+
+def free_rescaling(jobs: Path, out: Path) -> Path:
+    """The job set with every rescale cost 0: the bound's replay (nothing else changes)."""
+    with jobs.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise SystemExit(f"{jobs}: no jobs")
+    for r in rows:
+        r["scale_up_seconds"] = r["scale_down_seconds"] = "0"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def per_hour(s: dict, key: str, hours_key: str) -> float:
+    hours = s.get(hours_key) or 0.0
+    return s[key] / hours if hours else 0.0
+
+
+def table(runs: dict[str, dict], bound: float) -> str:
+    head = ["run", "samples", "of bound", "rescales/job-h", "preempt/job-h", "preempt/node-h",
+            "harvest %", "jobs done", "wall s"]
+    lines = [head]
+    for name, s in runs.items():
+        lines.append([name, f"{s['samples']:.4g}", f"{s['samples'] / bound:.4f}",
+                      f"{per_hour(s, 'rescales', 'job_hours'):.3f}",
+                      f"{per_hour(s, 'preemptions', 'job_hours'):.3f}",
+                      f"{per_hour(s, 'preemptions', 'used_node_hours'):.4f}",
+                      f"{s['harvest_pct']:.1f}", str(s["jobs_finished"]), f"{s['wall_s']:.1f}"])
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                               enumerate(zip(r, widths))) for r in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.policy", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--start", default=START, help=f"window start (default {START})")
+    ap.add_argument("--hours", type=float, default=72.0, help="window length (default 72)")
+    ap.add_argument("--jobs", type=Path, default=IMAGENET, help="job set (default ImageNet)")
+    ap.add_argument("--max-jobs", type=int, default=10)
+    ap.add_argument("--parallel", type=int, default=2, help="replays at once (default 2)")
+    ap.add_argument("--only", help="run only these variants (comma-separated names), and the bound")
+    args = ap.parse_args(argv)
+    if args.hours <= 0 or args.parallel < 1 or args.max_jobs < 1:
+        ap.error("--hours, --parallel and --max-jobs must be positive")
+    names = list(VARIANTS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    base = ["--start", args.start, "--hours", str(args.hours), "--max-jobs", str(args.max_jobs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        free = free_rescaling(args.jobs, Path(tmp) / "free.csv")
+        plan = [("bound", [*base, "--jobs", str(free), "--policy", "milp"])]
+        plan += [(n, [*base, "--jobs", str(args.jobs), *VARIANTS[n]]) for n in names]
+
+        def one(item: tuple[str, list[str]]) -> tuple[str, dict]:
+            name, extra = item
+            print(f"[bench.policy] {name} ...", file=sys.stderr, flush=True)
+            return name, run(extra)
+
+        with ThreadPoolExecutor(args.parallel) as pool:
+            results = dict(pool.map(one, plan))
+    bound = results.pop("bound")
+    print(f"Window {bound['start']} .. {bound['end']}, {bound['nodes']} nodes, {args.jobs.name}, "
+          f"max {args.max_jobs} jobs; rescale-free bound {bound['samples']:.4g} samples")
+    print(table({"bound": bound, **results}, bound["samples"]))
+    if args.json:
+        out = {"window": {"start": bound["start"], "end": bound["end"], "hours": bound["simulated_hours"],
+                          "jobs": args.jobs.name, "max_jobs": args.max_jobs},
+               "bound_samples": bound["samples"],
+               "ratios": {n: round(s["samples"] / bound["samples"], 5) for n, s in results.items()},
+               "per_job_hour": {n: {"rescales": round(per_hour(s, "rescales", "job_hours"), 4),
+                                    "preemptions": round(per_hour(s, "preemptions", "job_hours"), 4)}
+                                for n, s in results.items()},
+               "preemptions_per_node_hour": {n: round(per_hour(s, "preemptions", "used_node_hours"), 5)
+                                             for n, s in results.items()},
+               "runs": results}
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Restart-based jobs (`launcher: torchrun`): unmodified scripts that follow torchrun's contract.
+
+Such a script imports nothing of ours, so a membership change cannot be a regroup: every change
+of the job's nodes stops the running *generation* (SIGTERM to every rank, SIGKILL after the job's
+`stop_grace_seconds`, time the script uses to checkpoint) and starts a new one on the new node set
+with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID) and a per-job
+HARVEST_CHECKPOINT_DIR that outlives generations. Progress is the last line of rank 0's output
+matching the job's `progress_pattern` (group 1 = the job's cumulative samples). A restart may step
+progress back to the checkpoint; those samples and the time to the new generation's first progress
+line are the rescale's measured cost (a PauseSample for the profiler).
+
+`RestartJobs` is mechanism only, driven by `WorkerDispatcher` (which owns the transport, the
+thread pool and the event queue it shares with runtime jobs).
+"""
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from ..model import Event, EventKind, Job, PauseSample, RateSample
+from ..runtime import ranks
+from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
+
+ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"
+PORTS = range(29500, 30500)        # MASTER_PORT of a remote rank 0 (a generation's own choice)
+TAIL_LINES = 40
+
+
+@dataclass
+class _Gen:
+    """One generation: the processes started together on one node set."""
+    number: int
+    nodes: list[str]
+    handles: dict[str, Handle] = field(default_factory=dict)     # worker key -> process
+    started_at: float = 0.0
+    first_progress_at: Optional[float] = None
+    first_progress: Optional[float] = None
+
+
+@dataclass
+class _RestartRun:
+    job: Job
+    checkpoint_dir: Path
+    target: list[str] = field(default_factory=list)
+    gen: Optional[_Gen] = None
+    restarts: int = 0
+    samples: float = 0.0              # the job's progress: the last matching line (may step back)
+    best: float = 0.0                 # the most it ever reached
+    lost_samples: float = 0.0
+    progress_at: float = 0.0          # when a progress line last changed
+    stop_at: Optional[float] = None   # when the last generation was told to stop (a rescale)
+    stop_kind: str = ""               # "up" | "down" of that rescale
+    stop_rate: float = 0.0            # samples/s before it
+    before: float = 0.0               # progress when it was told to stop
+    rate: float = 0.0
+    meter: Optional[tuple[float, float, int]] = None   # (time, samples, generation)
+    crashes: int = 0
+    ended: bool = False
+    applying: threading.Lock = field(default_factory=threading.Lock)
+
+
+class RestartJobs:
+    """The restart-based jobs of one WorkerDispatcher (see the module docstring)."""
+
+    def __init__(self, transport: Transport, specs: dict[str, NodeSpec], logdir: Path, workdir: str,
+                 base_env: Callable[[], dict[str, str]], submit: Callable, post: Callable[[Event], None],
+                 lost: Callable[[str, str, str], None], progress_timeout_s: float = 600.0,
+                 sample_s: float = 5.0) -> None:
+        self.transport, self.specs, self.logdir, self.workdir = transport, specs, logdir, workdir
+        self.base_env, self.submit, self.post, self.lost = base_env, submit, post, lost
+        self.progress_timeout_s = progress_timeout_s
+        self.sample_s = sample_s
+        self.runs: dict[str, _RestartRun] = {}
+        self._lock = threading.RLock()
+        self._samples: list = []
+
+    # ---- what the dispatcher forwards ---------------------------------------------------------
+    def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        with self._lock:
+            run = self.runs.get(job.id)
+            if run is None:
+                run = self.runs[job.id] = _RestartRun(job, self.logdir / job.id / "checkpoint",
+                                                      progress_at=time.monotonic())
+            if list(nodes) == run.target:
+                return
+            if run.gen is not None and run.gen.handles:
+                run.stop_at, run.before, run.stop_rate = time.monotonic(), run.samples, run.rate
+                run.stop_kind = "up" if len(nodes) > len(run.target) else "down"
+            run.target = list(nodes)
+        self.submit(self._apply, run)
+
+    def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
+        run = self.runs.get(job.id)
+        if run is not None:
+            self.resize(job, [n for n in run.target if n not in set(lost)], now)
+
+    def stop(self, job: Job) -> None:
+        with self._lock:
+            run = self.runs.pop(job.id, None)
+        if run is None:
+            return
+        job.samples_done = max(job.samples_done, run.samples)
+        run.ended = True
+        run.target = []
+        self.submit(self._apply, run)
+
+    def progress(self, job: Job) -> float:
+        run = self.runs.get(job.id)
+        return run.samples if run is not None else job.samples_done
+
+    def rate(self, job: Job) -> float:
+        run = self.runs.get(job.id)
+        return run.rate if run is not None else 0.0
+
+    def status(self, job_id: str) -> Optional[dict]:
+        run = self.runs.get(job_id)
+        if run is None:
+            return None
+        gen = run.gen
+        members = list(gen.handles) if gen else []
+        return {"launcher": "torchrun", "generation": gen.number if gen else 0,
+                "restart_count": run.restarts, "members": members, "world_size": len(members),
+                "nodes": len(gen.nodes) if gen and gen.handles else 0, "regrouping": run.stop_at is not None,
+                "samples_done": run.samples, "lost_samples": run.lost_samples,
+                "progressing": bool(gen and gen.handles and gen.first_progress_at is not None),
+                "committed_step": None, "loss": None, "lost": [], "last_rescale": None}
+
+    def samples(self) -> list:
+        with self._lock:
+            out, self._samples = self._samples, []
+        return out
+
+    def handles(self) -> list[tuple[_RestartRun, str, Handle]]:
+        return [(run, k, h) for run in list(self.runs.values()) if run.gen is not None and not run.ended
+                for k, h in list(run.gen.handles.items())]
+
+    # ---- generations ------------------------------------------------------------------------------
+    def _apply(self, run: _RestartRun) -> None:
+        """Stop the running generation, start one on the latest target (one at a time per job)."""
+        with run.applying:
+            old = run.gen
+            if old is not None and old.handles and old.nodes == run.target and not run.ended:
+                return
+            if old is not None and old.handles:
+                hs = list(old.handles.values())
+                old.handles = {}
+                self.transport.stop_many(hs, run.job.stop_grace_seconds)
+                self._read_progress(run, hs[0])
+            if run.ended or not run.target:
+                run.gen = None if run.ended else run.gen
+                return
+            self._start(run, list(run.target))
+
+    def _start(self, run: _RestartRun, nodes: list[str]) -> None:
+        number = (run.gen.number + 1) if run.gen is not None else 0
+        gen = _Gen(number, nodes, started_at=time.monotonic())
+        keys = [k for n in nodes for k in ranks.keys_of(n, self.specs[n].slots)]
+        master = self.transport.host_of(self.specs[nodes[0]]) or "127.0.0.1"
+        port = _free_port() if _loopback(master) else PORTS[(hash(run.job.id) + number) % len(PORTS)]
+        common = {**self.base_env(), "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                  "TORCHELASTIC_RESTART_COUNT": str(number), "TORCHELASTIC_RUN_ID": run.job.id,
+                  "TORCHELASTIC_MAX_RESTARTS": "0", ENV_CHECKPOINT_DIR: str(run.checkpoint_dir),
+                  "HARVEST_JOB": run.job.id}
+        if _loopback(master):
+            common["GLOO_SOCKET_IFNAME"] = "lo"
+        started: dict[str, Handle] = {}
+        try:
+            for key in keys:
+                env = {**common, **ranks.place(keys, key).env(), "HARVEST_NODE": key}
+                log_path = str(self.logdir / run.job.id / f"{key}-g{number}.log")
+                started[key] = self.transport.start(self.specs[ranks.node_of(key)], list(run.job.command),
+                                                    env, self.workdir, log_path)
+        except (StartError, ValueError) as e:
+            self.transport.stop_many(list(started.values()), 0.5)
+            self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
+                            detail=f"cannot start the command: {e}"))
+            return
+        except TransportError as e:
+            self.transport.stop_many(list(started.values()), 0.5)
+            self.lost(run.job.id, e.node, f"cannot reach {e.node}: {e.message}")
+            return
+        gen.handles = started
+        run.gen = gen
+        run.restarts = number
+
+    # ---- watching ------------------------------------------------------------------------------
+    def check(self, alive: dict[Handle, Optional[bool]]) -> None:
+        """Per poll: read rank 0's progress, notice the end of the job or a dead rank."""
+        for run in list(self.runs.values()):
+            gen = run.gen
+            if run.ended or gen is None or not gen.handles or run.applying.locked():
+                continue
+            hs = list(gen.handles.items())
+            self._read_progress(run, hs[0][1])
+            dead = [(k, h) for k, h in hs if alive.get(h) is False or alive.get(h) is None]
+            if not dead:
+                if time.monotonic() - run.progress_at > self.progress_timeout_s and not run.ended:
+                    run.ended = True
+                    tail = self._tail(hs[0][1])
+                    self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
+                                    detail=f"no progress line matching {run.job.progress_pattern!r} for "
+                                           f"{self.progress_timeout_s:.0f} s; last log lines: {' | '.join(tail[-5:])}"))
+                continue
+            if run.samples >= run.job.total_samples:
+                if len(dead) == len(hs):
+                    run.ended = True
+                    self.post(Event(time.time(), EventKind.JOB_DONE, job=run.job.id))
+                continue
+            key, handle = dead[0]
+            with run.applying:
+                if run.gen is not gen or not gen.handles:
+                    continue
+                gen.handles = {}
+            self.transport.stop_many([h for _, h in hs], 1.0)
+            node = ranks.node_of(key)
+            tail = self._tail(handle)
+            run.target = [n for n in run.target if n != node]
+            run.crashes += 1
+            why = "unreachable" if alive.get(handle) is None else "rank exited"
+            self.lost(run.job.id, node, f"{why} on {node} ({key})" + (f": {tail[-1]}" if tail else ""))
+
+    def _read_progress(self, run: _RestartRun, rank0: Handle) -> None:
+        value = self._last_match(run.job.progress_pattern, self._tail(rank0))
+        if value is None:
+            return
+        now = time.monotonic()
+        gen = run.gen
+        if value != run.samples:
+            run.progress_at = now
+        run.samples = min(value, float(run.job.total_samples))
+        run.best = max(run.best, run.samples)
+        if gen is not None and gen.first_progress_at is None and gen.handles:
+            gen.first_progress_at, gen.first_progress = now, value
+            self._rescale_measured(run, now)
+        self._meter(run, now)
+
+    def _rescale_measured(self, run: _RestartRun, now: float) -> None:
+        """The first progress line of a new generation closes the rescale: its cost is the time
+        from the stop to that line plus the samples it lost, at the rate before."""
+        if run.stop_at is None:
+            return
+        assert run.gen is not None and run.gen.first_progress is not None
+        lost = max(0.0, run.before - run.gen.first_progress)
+        run.lost_samples += lost
+        cost = now - run.stop_at + (lost / run.stop_rate if run.stop_rate > 0 else 0.0)
+        with self._lock:
+            self._samples.append(PauseSample(time.time(), run.job.id, run.stop_kind, cost))
+        run.stop_at = None
+
+    def _meter(self, run: _RestartRun, now: float) -> None:
+        gen = run.gen
+        if gen is None or not gen.handles:
+            run.meter = None
+            return
+        if run.meter is None or run.meter[2] != gen.number:
+            run.meter = (now, run.samples, gen.number)
+            return
+        t0, s0, _ = run.meter
+        if now - t0 >= self.sample_s and run.samples > s0:
+            run.rate = (run.samples - s0) / (now - t0)
+            with self._lock:
+                self._samples.append(RateSample(time.time(), run.job.id, len(gen.nodes), run.rate, now - t0))
+            run.meter = (now, run.samples, gen.number)
+
+    @staticmethod
+    def _last_match(pattern: str, lines: list[str]) -> Optional[float]:
+        rx = re.compile(pattern)
+        for line in reversed(lines):
+            m = rx.search(line)
+            if m:
+                try:
+                    return float(m.group(1))
+                except (IndexError, ValueError):
+                    return None
+        return None
+
+    def _tail(self, handle: Handle) -> list[str]:
+        try:
+            return self.transport.tail(handle, TAIL_LINES)
+        except (TransportError, OSError):
+            return []
+
+
+def _loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
