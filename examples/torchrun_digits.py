@@ -60,6 +60,14 @@ def _load_data_module() -> ModuleType:
     return module
 
 
+def say(line: str, stream: Any = None) -> None:
+    """Write `line` and its newline in one call: the ranks share torchrun's log, and print's two
+    writes let another rank's line land in between."""
+    stream = stream or sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def build_model() -> nn.Module:
     """The same small CNN as examples/digits_cnn.py."""
     return nn.Sequential(
@@ -234,8 +242,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     step = 0
     if ckpt is not None:
         if ckpt["global_batch"] != args.global_batch:
-            print(f"{ckpt_dir / CHECKPOINT_NAME} was written with --global-batch {ckpt['global_batch']}; "
-                  f"resuming with {args.global_batch} would change what a step means", file=sys.stderr)
+            say(f"{ckpt_dir / CHECKPOINT_NAME} was written with --global-batch {ckpt['global_batch']}; "
+                f"resuming with {args.global_batch} would change what a step means", sys.stderr)
             dist.destroy_process_group()
             return 2
         net.load_state_dict(ckpt["model"])
@@ -248,11 +256,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                  "global_batch": args.global_batch, "total_samples": args.total_samples,
                  "world_size": world_size, "model": net.state_dict(), "optimizer": opt.state_dict()}
         path = save_checkpoint(ckpt_dir, state)
-        print(f"checkpoint step={step} samples={state['samples']} kind={kind} path={path}", flush=True)
+        say(f"checkpoint step={step} samples={state['samples']} kind={kind} path={path}")
 
     if rank == 0:
-        print(f"start step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
-              f"world={world_size} backend={backend} resumed={ckpt is not None}", flush=True)
+        say(f"start step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
+            f"world={world_size} backend={backend} resumed={ckpt is not None}")
     loss, t0 = float("nan"), time.monotonic()
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     updating = False
@@ -277,16 +285,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.step_seconds:
                 time.sleep(max(0.0, args.step_seconds - (time.monotonic() - t_step)))
             if rank == 0 and (step % args.log_every == 0 or step == total_steps):
-                print(f"step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
-                      f"loss={loss:.4f}", flush=True)
+                say(f"step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
+                    f"loss={loss:.4f}")
             if rank == 0 and step % args.checkpoint_every == 0 and step < total_steps:
                 checkpoint("periodic")
     except RuntimeError as e:   # what gloo raises when a peer is gone (reset) or hangs (timeout)
         # the collectives (the stop flag, DDP's gradient all_reduce inside backward) fail before
         # opt.step, so parameters and optimizer are still those of `step` completed steps and rank
         # 0 can save them; an error inside opt.step itself may have left them half-updated
-        print(f"rank {rank}: stopped by {type(e).__name__} after step={step} (a peer gone or hung?): {e}",
-              file=sys.stderr, flush=True)
+        say(f"rank {rank}: stopped by {type(e).__name__} after step={step} (a peer gone or hung?): {e}",
+            sys.stderr)
         if rank == 0 and not updating:
             checkpoint("peer-lost")
         return 0 if stop.signum is not None else 1
@@ -297,15 +305,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     # written even when the last periodic checkpoint holds the same step: every generation's
     # output then ends with the checkpoint the next one starts from
     if step < total_steps:
-        print(f"rank {rank}: stopping at step={step} on signal {stop.signum}", file=sys.stderr, flush=True)
+        say(f"rank {rank}: stopping at step={step} on signal {stop.signum}", sys.stderr)
         if rank == 0:
             checkpoint("signal")
         return 0
     if rank == 0:
         checkpoint("final")
-        print(f"done step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
-              f"loss={loss:.4f} test_accuracy={accuracy(net, x_test, y_test):.4f} "
-              f"seconds={time.monotonic() - t0:.2f}", flush=True)
+        say(f"done step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
+            f"loss={loss:.4f} test_accuracy={accuracy(net, x_test, y_test):.4f} "
+            f"seconds={time.monotonic() - t0:.2f}")
     return 0
 
 
