@@ -14,7 +14,8 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
            "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
            "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
-           "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots"}
+           "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots",
+           "release_grace_s": "--slurm-release-grace"}
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -54,6 +55,9 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help="ranks (worker processes) per node (default 0: the node's GPUs in Slurm's GRES, 1 without)")
     g.add_argument("--slurm-pending-timeout", metavar="S", type=float, default=d.pending_timeout_s,
                    help=f"cancel a pilot not connected after this many seconds (default {d.pending_timeout_s:g})")
+    g.add_argument("--slurm-release-grace", metavar="S", type=float, default=d.release_grace_s,
+                   help="pilots are held only for the nodes the jobs can use (the sum of their max nodes); "
+                        f"a surplus pilot is cancelled after this many seconds (default {d.release_grace_s:g})")
 
 
 def settings_from(args) -> dict:
@@ -70,5 +74,5 @@ def settings_from(args) -> dict:
                 dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
                 log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
-                pending_timeout_s=args.slurm_pending_timeout,
+                pending_timeout_s=args.slurm_pending_timeout, release_grace_s=args.slurm_release_grace,
                 hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots)

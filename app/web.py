@@ -82,5 +82,7 @@ def source_badge(st: dict) -> html.Span:
     label = f'{st.get("name", "source")}: {state}'
     if state == "stale" and st.get("since"):
         label += f' since {sim_time(st["since"])[11:19]}'
+    if st.get("held") is not None:
+        label += f' · {st["held"]} held, {st.get("used") or 0} used'
     return html.Span(label, id=ids.SOURCE_BADGE, title=st.get("detail", ""),
                      className=f"source-badge source-{state}")

@@ -20,6 +20,7 @@ from .allocator import Plan, allocate
 from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
+from .demand import node_demand
 from .dispatchers.base import Dispatcher
 from .errors import SettingsError
 from .horizon import FALLBACK_S, Horizon, HorizonLearner
@@ -162,6 +163,16 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def job(self, job_id: str) -> Optional[Job]:
         with self.lock:
             return self.jobs.get(job_id) or self.submitted.get(job_id)
+
+    def node_demand(self) -> tuple[int, list[str]]:
+        """(nodes the jobs could use, nodes they hold now), for a source that holds nodes at a
+        cost (core/demand.py)."""
+        with self.lock:
+            queued = [self.jobs[e[-1]] for e in sorted(self._queue)
+                      if self.jobs[e[-1]].state is JobState.QUEUED]
+            running = [self.jobs[j] for j in self.running]
+            return (node_demand(running, queued + list(self.submitted.values()),
+                                self.config.max_jobs - len(running)), list(self.owner))
 
     def post(self, event: Event) -> None:
         with self.lock:

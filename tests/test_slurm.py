@@ -68,14 +68,12 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
 
 def _acceptance(app, cluster):
     clu = lambda: app.get("/api/cluster")[1]
-    c = wait(lambda: (lambda b: b if b["kpis"]["idle"] == 8 else None)(clu()), 60, "pilots on all 8 nodes", clu)
+    c = clu()
     assert [n["name"] for n in c["nodes"]] == NODES, "the grid shows Slurm's own node names"
     assert c["source"]["state"] == "ok" and c["config"]["dispatcher"] == "pilot", c["source"]
     assert all("Slurm: " in n["source"] for n in c["nodes"]), c["nodes"][0]
-    pilots = {j["nodes"]: j["job_id"] for j in cluster.jobs().values()
-              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
-    assert sorted(pilots) == NODES, pilots
 
+    # pilots come for a job that can use the nodes, not before
     status, job = app.request("POST", "/api/jobs", {
         "name": "digits on slurm", "min_nodes": 1, "max_nodes": 8, "total_samples": GLOBAL_BATCH * 10**6,
         "curve": "1:100, 8:800", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
@@ -83,6 +81,10 @@ def _acceptance(app, cluster):
         token=app.token("alice"))
     assert status == 201, job
     jid = job["id"]
+    wait(lambda: clu()["kpis"]["idle"] == 8, 60, "pilots on all 8 nodes", clu)
+    pilots = {j["nodes"]: j["job_id"] for j in cluster.jobs().values()
+              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
+    assert sorted(pilots) == NODES, pilots
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
     workers = lambda: get().get("workers") or {}
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
@@ -172,9 +174,9 @@ def test_a_pilot_killed_without_a_word_is_a_leave_and_its_node_is_harvested_agai
     h = harvester(tmp_path, cluster, watch=("node[1-3]",))
     try:
         assert h.source.node_names() == ["node1", "node2", "node3"]
-        wait(lambda: h.snapshot.kpis["idle"] == 3, 30, "pilots on node1..3")
         job = h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=3, total_samples=1e12, curve="1:100, 3:300",
                                scale_up_seconds=0, scale_down_seconds=0), "alice")
+        wait(lambda: h.snapshot.kpis["idle"] == 3, 30, "pilots on node1..3")
         wait(lambda: h.snapshot.job(job.id)["nodes"] == 3, 10, "the job on 3 nodes")
         pilot = h.source.hub.link("node2")
         pids = list(processes_with_env(f"SLURM_JOB_ID={pilot.job}"))
@@ -193,6 +195,47 @@ def test_a_pilot_killed_without_a_word_is_a_leave_and_its_node_is_harvested_agai
     assert not pilot_processes([pilot.job])
 
 
+def live_pilots(cluster) -> list[str]:
+    return sorted(j["nodes"] for j in cluster.jobs().values()
+                  if j["name"] == "harvest-pilot" and j["job_state"] in ("PENDING", "RUNNING"))
+
+
+def test_pilots_are_held_only_for_the_nodes_jobs_can_use(cluster, tmp_path):
+    """No job, no pilot; pilots for the sum of the jobs' max nodes; a job's end releases its
+    nodes' pilots after the grace (Slurm counts pilots as the harvester's usage)."""
+    spec = lambda name, k: JobSpec(name=name, min_nodes=1, max_nodes=k, total_samples=1e12,
+                                   curve=f"1:100, {k}:{100 * k}" if k > 1 else "1:100",
+                                   scale_up_seconds=0, scale_down_seconds=0)
+    h = harvester(tmp_path, cluster, watch=("node[1-5]",), release_grace_s=1.0)
+    try:
+        time.sleep(3.0)                      # three polls of Slurm with 5 idle nodes and no job
+        assert live_pilots(cluster) == [] and h.snapshot.kpis["idle"] == 0
+        assert "0 node(s) held by pilots, 0 used by jobs, 0 wanted" in h.snapshot.source_status["detail"]
+        a = h.submit(spec("a", 2), "alice")
+        wait(lambda: h.snapshot.job(a.id)["nodes"] == 2, 30, "job a on 2 nodes")
+        b = h.submit(spec("b", 1), "bob")
+        wait(lambda: h.snapshot.job(b.id)["nodes"] == 1, 30, "job b on 1 node")
+        time.sleep(2.0)                      # two more polls: nothing beyond the 3 nodes wanted
+        assert len(live_pilots(cluster)) == 3 and h.snapshot.kpis["idle"] == 3, live_pilots(cluster)
+        detail = h.snapshot.source_status["detail"]
+        assert "3 node(s) held by pilots, 3 used by jobs, 3 wanted" in detail, detail
+        assert (h.snapshot.source_status["held"], h.snapshot.source_status["used"]) == (3, 3)
+
+        h.cancel(a.id)                        # a's 2 nodes: unused, released after the grace
+        wait(lambda: len(live_pilots(cluster)) == 1, 20, "a's pilots cancelled", lambda: live_pilots(cluster))
+        wait(lambda: h.snapshot.kpis["idle"] == 1, 10, "a's nodes no longer harvested")
+        assert h.snapshot.job(b.id)["nodes"] == 1, "b keeps its node"
+        wait(lambda: "1 node(s) held by pilots, 1 used by jobs, 1 wanted" in h.snapshot.source_status["detail"],
+             5, "the status to say so", lambda: h.snapshot.source_status)
+
+        c = h.submit(spec("c", 2), "carol")   # demand returns: pilots are submitted again
+        wait(lambda: h.snapshot.job(c.id)["nodes"] == 2, 30, "job c on 2 nodes")
+        assert len(live_pilots(cluster)) == 3
+    finally:
+        h.close()
+    wait(lambda: live_pilots(cluster) == [], 15, "every pilot cancelled at close")
+
+
 def test_the_hub_refuses_a_pilot_without_the_token():
     seen = []
     hub = PilotHub("the-right-token", lambda link: seen.append(link), lambda link, why: None)
@@ -206,7 +249,7 @@ def test_the_hub_refuses_a_pilot_without_the_token():
         w = dial(address, hub.fingerprint)
         try:
             w.send({"op": HELLO, "token": "the-right-token", "job": "7", "node": "node1", "pid": 1})
-            wait(lambda: hub.link("node1"), 5, "the valid pilot")
+            wait(lambda: hub.link("node1") and seen, 5, "the valid pilot")   # registered, then on_hello
         finally:
             w.close()
         assert [l.job for l in seen] == ["7"]
@@ -236,12 +279,14 @@ def test_settings_are_checked_with_the_option_named():
     for bad, field in ((dict(max_pilots=0), "max_pilots"), (dict(poll_s=float("nan")), "poll_s"),
                        (dict(partition="scav enger"), "partition"), (dict(time_limit_min=0), "time_limit_min"),
                        (dict(watch=("node[1-2]; rm",)), "watch"), (dict(python="python3"), "python"),
-                       (dict(worker_grace_s=-1), "worker_grace_s")):
+                       (dict(worker_grace_s=-1), "worker_grace_s"), (dict(release_grace_s=-1), "release_grace_s")):
         with pytest.raises(SettingError) as e:
             SlurmSettings(**bad)
         assert e.value.field == field
     r = run_module("app", "--source", "slurm", "--slurm-time-limit", "0")
     assert r.returncode == 2 and "error: --slurm-time-limit: must be a whole number" in r.stderr, r.stderr
+    r = run_module("app", "--source", "slurm", "--slurm-release-grace", "-5")
+    assert r.returncode == 2 and "error: --slurm-release-grace: must be a number" in r.stderr, r.stderr
     r = run_module("app", "--source", "slurm", "--dispatch", "ssh")
     assert r.returncode == 2 and "use --dispatch pilot" in r.stderr, r.stderr
     r = run_module("app", "--source", "slurm", "--slurm-conf", "/nonexistent/slurm.conf")
@@ -254,3 +299,5 @@ def test_the_status_bar_badge_shows_a_stale_source():
     assert "source-stale" in badge.className and badge.children.startswith("slurm: stale since")
     assert badge.title.startswith("cannot read Slurm")
     assert "source-ok" in source_badge({"name": "slurm", "state": "ok"}).className
+    held = source_badge({"name": "slurm", "state": "ok", "held": 8, "used": 5})
+    assert held.children == "slurm: ok · 8 held, 5 used"

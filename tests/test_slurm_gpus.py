@@ -19,6 +19,7 @@ import pytest
 from app.__main__ import build_parser, settings_from
 from core.runtime import ranks
 from core.assemble import build, node_source
+from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from core.slurm.cli import SlurmCli, gpu_count
 from core.slurm.settings import SettingError, SlurmSettings
@@ -109,7 +110,9 @@ def test_pilots_ask_for_the_gpus_slurm_binds_them_and_workers_inherit_the_bindin
         "source": "slurm", "dispatch": "simulated", "config": {"tfwd": 600},
         "slurm": {"conf": str(cluster.conf), "watch": ("node[1-2]",)}}}))
     h.open()
-    try:
+    try:                                     # a job that can use both nodes: pilots come for it
+        h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=2, total_samples=1e12, curve="1:100, 2:200",
+                         scale_up_seconds=0, scale_down_seconds=0), "alice")
         wait(lambda: h.snapshot.kpis["idle"] == 2, 30, "pilots on node1, node2")
         pilots = {n: h.source.hub.link(n).job for n in ("node1", "node2")}
         jobs = cluster.jobs()
@@ -164,16 +167,16 @@ def test_a_job_runs_one_rank_per_gpu_and_a_preempted_node_takes_both(cluster, tm
 
 def _two_ranks_per_node(app, cluster) -> tuple[str, dict[str, str]]:
     clu = lambda: app.get("/api/cluster")[1]
-    wait(lambda: clu()["kpis"]["idle"] == len(HARVESTED), 60, "pilots on the 3 nodes", clu)
-    pilots = {j["nodes"]: str(j["job_id"]) for j in cluster.jobs().values()
-              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
-    assert sorted(pilots) == HARVESTED, pilots
     status, job = app.request("POST", "/api/jobs", {
         "name": "digits, a rank per GPU", "min_nodes": 1, "max_nodes": len(HARVESTED), "total_samples": TOTAL,
         "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
         "command": [sys.executable, "examples/digits_cnn.py", "--seed", "5", "--step-seconds", "0.05",
                     "--log-every", "1000000"]}, token=app.token("alice"))
     assert status == 201, job
+    wait(lambda: clu()["kpis"]["idle"] == len(HARVESTED), 60, "pilots on the 3 nodes", clu)
+    pilots = {j["nodes"]: str(j["job_id"]) for j in cluster.jobs().values()
+              if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
+    assert sorted(pilots) == HARVESTED, pilots
     jid = job["id"]
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
     seen: dict[int, dict] = {}

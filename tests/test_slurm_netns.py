@@ -65,6 +65,15 @@ def test_pilots_on_namespaced_hosts_dial_the_advertised_hub_and_vacate_for_a_mai
 def _harvest_preempt_vacate(app, slurm, hosts):
     head, addr = hosts.head, hosts.nodes
     clu = lambda: app.get("/api/cluster")[1]
+    # pilots come for a job that can use the nodes
+    status, job = app.request("POST", "/api/jobs", {
+        "name": "digits on namespaced slurm", "min_nodes": 1, "max_nodes": 3,
+        "total_samples": GLOBAL_BATCH * 10**6, "curve": "1:100, 3:300", "scale_up_seconds": 0,
+        "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
+        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
+        token=app.token("alice"))
+    assert status == 201, job
+    jid = job["id"]
     wait(lambda: clu()["kpis"]["idle"] == 3, 60, "pilots on all 3 nodes", clu)
     pilots = {j["nodes"]: j["job_id"] for j in slurm.jobs().values()
               if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}
@@ -84,14 +93,6 @@ def _harvest_preempt_vacate(app, slurm, hosts):
     hub_peers = lambda: {a for a, _ in hosts.peers(None, app.proc.pid, local=hub)}
     assert hub_peers() == {addr[n] for n in NODES}, "the hub's pilots said hello from the nodes' addresses"
 
-    status, job = app.request("POST", "/api/jobs", {
-        "name": "digits on namespaced slurm", "min_nodes": 1, "max_nodes": 3,
-        "total_samples": GLOBAL_BATCH * 10**6, "curve": "1:100, 3:300", "scale_up_seconds": 0,
-        "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
-        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
-        token=app.token("alice"))
-    assert status == 201, job
-    jid = job["id"]
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
     workers = lambda: get().get("workers") or {}
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")

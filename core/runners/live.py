@@ -68,6 +68,7 @@ class LiveRunner(Runner):
         events = self.source.poll(now) + ctl.dispatcher.poll(now)
         if events or ctl.pending or ctl.advisor is not None:   # the advisor takes samples
             ctl.step(events)
+        self.source.want(*ctl.node_demand())
         if time.monotonic() - self._last_flush >= self.flush_s:
             ctl.flush()
             self._last_flush = time.monotonic()

@@ -34,6 +34,7 @@ class SlurmSettings:
     poll_s: float = 1.0              # how often sinfo/squeue are read (leaves come at once anyway)
     submit_batch: int = 16           # pilots submitted per poll at most
     pending_timeout_s: float = 60.0  # a pilot not connected after this is cancelled
+    release_grace_s: float = 60.0    # a pilot no job has wanted for this long is cancelled
     dry_run: bool = False            # submit nothing; show what would be harvested
     hub_host: str = "127.0.0.1"      # where the harvester listens for its pilots
     hub_port: int = 0                # 0: any free port
@@ -68,6 +69,7 @@ class SlurmSettings:
                                                       f"({self.max_pilots}), not {self.hub_max_connections}")
         _number(self, "poll_s", 0.1, 3600)
         _number(self, "pending_timeout_s", 1, 7 * 24 * 3600)
+        _number(self, "release_grace_s", 0, 7 * 24 * 3600)
         _number(self, "worker_grace_s", 0, 600)
         _number(self, "command_timeout_s", 0.5, 600)
         if not isinstance(self.watch, tuple) or not all(isinstance(w, str) and WATCH_ITEM.match(w)

@@ -11,7 +11,9 @@ that died without a word.
 A background thread reads sinfo/squeue every `poll_s` (never the live loop's thread): it finds
 free nodes (state `idle` with no flag like completing or planned), submits pilots to them (each
 pinned with -w, --exclusive), cancels pilots that wait too long or whose node was taken
-meanwhile, and notices pilots that vanished. When Slurm cannot be asked the source is `stale`:
+meanwhile, and notices pilots that vanished. Pilots count as the harvester's usage in Slurm's
+accounting, so it holds only as many as the jobs could use (`want`, the sum of their max nodes):
+surplus pending pilots are cancelled at once, held ones no job uses after `release_grace_s`. When Slurm cannot be asked the source is `stale`:
 it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
 submits nothing until slurmctld answers again.
 
@@ -27,7 +29,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
@@ -52,6 +54,7 @@ class _Pilot:
     node: str
     submitted: float            # time.monotonic() when sbatch returned (or when it said hello)
     running: bool = False       # it said hello
+    releasing: bool = False     # cancelled as surplus: its node goes when it says goodbye
 
 
 class SlurmSource(LiveNodeSource):
@@ -69,6 +72,10 @@ class SlurmSource(LiveNodeSource):
         self._held: dict[str, str] = {}               # node -> the pilot whose hello made it a join
         self._events: list[Event] = []
         self._would: tuple[str, ...] = ()             # dry run: what would be harvested now
+        self._demand = 0                              # nodes the jobs could use (`want`)
+        self._in_use: frozenset[str] = frozenset()    # nodes the jobs hold
+        self._surplus_since: Optional[float] = None   # monotonic: more pilots than demand since
+        self._cancelled: set[str] = set()             # pending pilots we cancelled: a late hello is stray
         self._status = SourceStatus(self.name, SOURCE_DRY_RUN if settings.dry_run else SOURCE_OK,
                                     "", time.time())
         self._lock = threading.Lock()
@@ -115,14 +122,21 @@ class SlurmSource(LiveNodeSource):
             out, self._events = self._events, []
         return out
 
+    def want(self, nodes: int, in_use: Collection[str]) -> None:
+        with self._lock:
+            self._demand, self._in_use = max(0, int(nodes)), frozenset(in_use)
+
     def status(self) -> SourceStatus:
         st = self._status
         if st.state == SOURCE_OK:
             with self._lock:
                 held = len(self._held)
+                used = len(self._in_use & set(self._held))
                 waiting = sum(1 for p in self._pilots.values() if not p.running)
-            return SourceStatus(st.name, st.state, f"{held} node(s) held by pilots, {waiting} pilot(s) "
-                                                   f"pending in {self.settings.partition}", st.since)
+                wanted = min(self._demand, self.settings.max_pilots)
+            return SourceStatus(st.name, st.state, f"{held} node(s) held by pilots, {used} used by jobs, "
+                                                   f"{wanted} wanted; {waiting} pilot(s) pending in "
+                                                   f"{self.settings.partition}", st.since, held, used)
         return st
 
     def node_states(self) -> dict[str, str]:
@@ -135,7 +149,7 @@ class SlurmSource(LiveNodeSource):
             text = f"Slurm: {n.label if n else 'unknown'}"
             p = pilot_on.get(name)
             if p is not None:
-                text += f", pilot {p.job}" + ("" if p.running else " pending")
+                text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else " pending")
             elif name in would:
                 text += ", would harvest (dry run)"
             out[name] = text
@@ -162,7 +176,9 @@ class SlurmSource(LiveNodeSource):
             if p is None:                      # its hello came before sbatch returned its id
                 p = self._pilots[link.job] = _Pilot(link.job, link.node, time.monotonic())
             p.node, p.running = link.node, True
-            stray = link.node not in self._watched or link.node in self._held
+            stray = link.node not in self._watched or link.node in self._held or link.job in self._cancelled
+            if stray:
+                self._pilots.pop(link.job, None)
             if not stray:
                 self._held[link.node] = link.job
                 self._events.append(Event(time.time(), EventKind.NODE_JOIN, node=link.node,
@@ -223,6 +239,7 @@ class SlurmSource(LiveNodeSource):
             return
         self._set_status(SOURCE_OK, "")
         self._check_pilots({j.id: j for j in jobs}, known)
+        self._trim()
         self._submit()
 
     def _check_pilots(self, jobs: dict[str, SlurmJob], known: set[str]) -> None:
@@ -242,6 +259,7 @@ class SlurmSource(LiveNodeSource):
                     if taken or now - p.submitted > self.settings.pending_timeout_s:
                         cancel.append(jid)
                         del self._pilots[jid]
+            self._cancelled &= {jid for jid, j in jobs.items() if not j.ended}
         if left:
             self._poke()
         for jid in dropped:           # Slurm says it is over: if it is still connected, hang up
@@ -260,10 +278,46 @@ class SlurmSource(LiveNodeSource):
         return [n for n in self._names if n not in taken and self._slurm.get(n) is not None
                 and self._slurm[n].free]
 
+    def _trim(self) -> None:
+        """Cancel the pilots beyond what the jobs could use: pending ones at once (newest first),
+        held ones no job uses once the surplus has lasted `release_grace_s` (demand often
+        returns within minutes, and a pilot goes back through Slurm's queue)."""
+        now = time.monotonic()
+        with self._lock:
+            active = [p for p in self._pilots.values() if not p.releasing]
+            surplus = len(active) - min(self.settings.max_pilots, self._demand)
+            if surplus <= 0:
+                self._surplus_since = None
+                return
+            pending = [p for p in reversed(active) if not p.running][:surplus]
+            for p in pending:
+                del self._pilots[p.job]
+                self._cancelled.add(p.job)
+            surplus -= len(pending)
+            held: list[_Pilot] = []
+            if surplus <= 0:
+                self._surplus_since = None
+            elif self._surplus_since is None:
+                self._surplus_since = now
+            elif now - self._surplus_since >= self.settings.release_grace_s:
+                order = {n: i for i, n in enumerate(self._names)}
+                idle = sorted((p for p in active if p.running and p.node not in self._in_use),
+                              key=lambda p: -order.get(p.node, 0))
+                held = idle[:surplus]
+                for p in held:
+                    p.releasing = True
+                self._surplus_since = None
+        cancel = [p.job for p in pending + held]
+        if cancel:
+            log.info("cancelling %d pilot(s) no job can use (%d pending, %d holding an unused node): %s",
+                     len(cancel), len(pending), len(held), ", ".join(cancel))
+            self._cancel_quietly(cancel)
+
     def _submit(self) -> None:
         s = self.settings
         with self._lock:
-            room = s.max_pilots - len(self._pilots)
+            active = sum(1 for p in self._pilots.values() if not p.releasing)
+            room = min(s.max_pilots - len(self._pilots), self._demand - active)
         free = self.free_nodes()[:max(0, min(room, s.submit_batch))]
         for node in free:
             try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Collection, Iterator, Optional
 
 from ..model import Event
 
@@ -23,6 +23,8 @@ class SourceStatus:
     state: str = SOURCE_OK
     detail: str = ""
     since: Optional[float] = None     # wall clock of the last change of state
+    held: Optional[int] = None        # nodes the source holds at a cost (pilots); None: not such a source
+    used: Optional[int] = None        # of those, nodes the jobs use
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +75,10 @@ class LiveNodeSource(ABC):
     def node_states(self) -> dict[str, str]:
         """What the source itself says about each node (e.g. Slurm's state), for the grid."""
         return {}
+
+    def want(self, nodes: int, in_use: Collection[str]) -> None:
+        """The jobs could use `nodes` nodes and hold `in_use` now (each live tick): a source that
+        holds nodes at a cost (Slurm pilots) holds no more than that; others ignore it."""
 
     def address_of(self, node: str) -> Optional[str]:
         """Where `node` is reached, as its scheduler says (None: the source does not know)."""
