@@ -74,6 +74,8 @@ class Viewer(threading.Thread):
                 r = client.post(CALLBACK, request_for(self.template, 1 + i, key))
                 self.samples.append((time.monotonic() - self.t0, r["ms"]))
                 if r["json"] is not None:
+                    if "grid-key" not in r["json"].get("response", {}):
+                        raise KeyError(f"grid-key: {json.dumps(r['json'])[:300]}")
                     key = js_roundtrip(r["json"]["response"]["grid-key"]["data"])
             except Exception as e:  # noqa: BLE001 - every failure is counted, the viewer goes on
                 self.errors.append(f"{type(e).__name__}: {str(e)[:120]}")
@@ -121,12 +123,16 @@ class Poller(threading.Thread):
             conn.close()
 
 
-def health(host: str, port: int) -> dict:
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+def health(host: str, port: int) -> tuple[dict, float]:
+    """/api/health and when it answered (an overloaded server may take long, or not answer)."""
+    conn = http.client.HTTPConnection(host, port, timeout=120)
     try:
         conn.request("GET", "/api/health")
         r = conn.getresponse()
-        return json.loads(r.read())
+        return json.loads(r.read()), time.monotonic()
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        log(f"/api/health did not answer: {e}")
+        return {}, time.monotonic()
     finally:
         conn.close()
 
@@ -137,7 +143,7 @@ def one_load(url: str, host: str, port: int, pid: int, template: dict, viewers: 
     t0 = time.monotonic() + 0.5
     views = [Viewer(url, template, stop, t0, random.random()) for _ in range(viewers)]
     polls = [Poller(host, port, stop, random.random()) for _ in range(max(1, viewers // 10))]
-    h0, w0, c0 = health(host, port), time.monotonic(), cpu_seconds(pid)
+    (h0, w0), c0 = health(host, port), cpu_seconds(pid)
     for t in views + polls:
         t.start()
     next_log = time.monotonic() + 10
@@ -147,14 +153,14 @@ def one_load(url: str, host: str, port: int, pid: int, template: dict, viewers: 
             done = sum(len(v.samples) for v in views)
             log(f"{viewers} viewers: {done} grid updates, {sum(len(v.errors) for v in views)} errors so far")
             next_log += 10
-    h1, w1, c1 = health(host, port), time.monotonic(), cpu_seconds(pid)
+    (h1, w1), c1 = health(host, port), cpu_seconds(pid)
     stop.set()
     t_stop = time.monotonic()
     for t in views + polls:
         t.join(65)
     ms = [m for v in views for at, m in v.samples if at >= warmup]
     errors = [e for t in views + polls for e in t.errors]
-    sim = (h1.get("time") or 0) - (h0.get("time") or 0)
+    sim = h1["time"] - h0["time"] if h0.get("time") and h1.get("time") else None
     wall = w1 - w0
     asked = sum(int(t_stop - (t0 + v.offset)) + 1 for v in views)     # updates due by the stop
     return {"viewers": viewers, "pollers": len(polls), "updates": len(ms),
@@ -163,8 +169,9 @@ def one_load(url: str, host: str, port: int, pid: int, template: dict, viewers: 
             "update_ms_p50": round(pct(ms, 50), 1), "update_ms_p95": round(pct(ms, 95), 1),
             "update_ms_max": round(max(ms), 1) if ms else None,
             "api_ms_p95": round(pct([m for p in polls for m in p.samples], 95), 1),
-            "speed_ratio": round(sim / (wall * speed), 3) if wall > 0 else None,
+            "speed_ratio": round(sim / (wall * speed), 3) if sim is not None and wall > 0 else None,
             "errors": len(errors), "error_kinds": sorted({e.split(":")[0] for e in errors}),
+            "error_examples": sorted(set(errors))[:3],
             "server_cpu_pct": round(100.0 * (c1 - c0) / wall, 1), "replay": h1.get("replay")}
 
 
@@ -197,6 +204,10 @@ def run(workdir: Path, counts: list[int], seconds: float, warmup: float, speed: 
     return {"speed": speed, "seconds": seconds, "threads": threads, "cores": os.cpu_count(), "runs": results}
 
 
+def speed_text(ratio: Optional[float]) -> str:
+    return "no answer" if ratio is None else f"{100 * ratio:.0f} %"
+
+
 def table(res: dict) -> str:
     lines = [f"Dashboard load: replay at {res['speed']:g}x, {res['seconds']:g} s per row, "
              f"{res['cores']} cores, viewers poll the grid once a second, N/10 API pollers",
@@ -204,7 +215,7 @@ def table(res: dict) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["runs"]:
         lines.append(f"| {r['viewers']} | {r['update_ms_p50']:.1f} ms | {r['update_ms_p95']:.1f} ms | "
-                     f"{100 * r['answered']:.0f} % | {100 * (r['speed_ratio'] or 0):.0f} % | {r['errors']} | "
+                     f"{100 * r['answered']:.0f} % | {speed_text(r['speed_ratio'])} | {r['errors']} | "
                      f"{r['server_cpu_pct']:.0f} % |")
     return "\n".join(lines)
 

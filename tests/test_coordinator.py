@@ -125,7 +125,9 @@ def test_grow_shrink_kill_leave_restore(job) -> None:
     assert gens[6]["synced"]["E"]["checksum"] == gens[5]["stopped"]["A"]["checksum"]
     assert gens[5]["stopped"]["A"]["reason"] == P.STOP_LEAVING
     assert gens[4]["stopped"]["B"]["reason"] == P.STOP_LEAVING
-    assert {s["reason"] for s in gens[3]["stopped"].values()} == {P.STOP_FAILED}
+    # a survivor either failed the collective D died in or, if it reached the step boundary first,
+    # took the coordinator's stop; either way it left with the others' state (checked above)
+    assert {s["reason"] for s in gens[3]["stopped"].values()} <= {P.STOP_FAILED, P.STOP_ASKED}
     assert set(gens[3]["stopped"]) == {"A", "B"}                 # D died without a word
 
     latencies = {g["gen"]: (g["prev_size"], len(g["members"]), g["decision_s"], g["switch_s"])
