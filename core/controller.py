@@ -11,7 +11,7 @@ import heapq
 import itertools
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
@@ -235,7 +235,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             return None
         names = list(self.idle)
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        self.horizon = learner.decide(ages, len(names) / max(1, len(self.running)))
+        self.horizon = learner.decide(ages, [self.owner.get(n) for n in names], list(self.running))
         if not self.horizon.learned:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
@@ -370,6 +370,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                expect: Optional[dict[str, float]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
+        if self.horizon.jobs:
+            reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         h = self.horizon
         problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
