@@ -402,11 +402,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
                     self.since[n] = now
-                    self._batch.node(n, True, now)
+                    self._batch.node(n, True, now, idle_since=self.idle[n])
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
                 self.since[n] = now
-                self._batch.node(n, True, now, job.id)
+                self._batch.node(n, True, now, job.id, self.idle[n])
             if before and after:
                 self.counters.rescales += 1
                 self.rescaling_until[job.id] = now + (
@@ -438,6 +438,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._timeline_point(now)
             self._batch.meta["running"] = list(self.running)
             self._batch.meta["counters"] = asdict(self.counters)
+            if self.horizon_learner is not None:
+                self._batch.meta["horizon"] = self.horizon_learner.state()
             if extra_meta:
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()

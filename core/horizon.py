@@ -65,6 +65,27 @@ class FragmentSurvival:
         self.ended[min(b, len(self.ended) - 1)] += 1
         self.count += 1
 
+    def state(self) -> dict:
+        """What survives a restart: ended fragments per bin (nonzero bins only), on this grid."""
+        nz = np.flatnonzero(self.ended)
+        return {"per_decade": PER_DECADE, "bins": len(self.ended), "count": self.count,
+                "ended": {str(int(b)): int(self.ended[b]) for b in nz}}
+
+    def load(self, state: dict) -> None:
+        """Take up what `state()` wrote; refuses a state from another grid or a count that does
+        not add up, rather than learning from a wrong histogram."""
+        if state.get("per_decade") != PER_DECADE or state.get("bins") != len(self.ended):
+            raise ValueError(f"horizon state is for another grid ({state.get('per_decade')} bins per decade, "
+                             f"{state.get('bins')} bins; this one has {PER_DECADE}, {len(self.ended)})")
+        ended = np.zeros(len(self.ended))
+        for b, n in state.get("ended", {}).items():
+            if not 0 <= int(b) < len(ended) or int(n) < 0:
+                raise ValueError(f"horizon state: bin {b} with {n} fragments is out of range")
+            ended[int(b)] = int(n)
+        if int(ended.sum()) != state.get("count"):
+            raise ValueError(f"horizon state: {int(ended.sum())} fragments in the bins, {state.get('count')} counted")
+        self.ended, self.count = ended, int(state["count"])
+
     def curve(self, ages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S at every grid edge and ∫ S from each edge to the end, given the nodes idle now
         (their ages are censored fragments). S is 0 past the last bin anything reached."""
@@ -134,6 +155,14 @@ class HorizonLearner:
     def ended(self, duration: float) -> None:
         """A node's idle fragment ended (the main scheduler took it back) after `duration` s."""
         self.survival.observe(duration)
+
+    def state(self) -> dict:
+        return self.survival.state()
+
+    def load(self, state: dict) -> None:
+        """After a restart: the fragments seen before it (core.restore; the nodes idle now come
+        back with their idle-since times, so their ages stay right)."""
+        self.survival.load(state)
 
     def expected(self, ages: Sequence[float], idle_ages: Sequence[float]) -> np.ndarray:
         """Expected remaining idle time per node of `ages` (placement ranks nodes by it)."""
