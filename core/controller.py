@@ -49,7 +49,7 @@ class ControllerConfig:
     policy: str = "milp"
     solver: str = "dp"
     objective: str = "throughput"
-    tfwd: Union[float, Literal["auto"]] = 10.0
+    tfwd: Union[float, Literal["auto"]] = AUTO     # learned per job and decision (core.horizon)
     max_jobs: int = 10
     queue: str = "fcfs"
     time_limit: float = 5.0

@@ -2,7 +2,7 @@
 
     python -m core.replay --trace data/summit-idle-nodes-2021-02.csv.gz \
         --jobs data/jobs-imagenet-1001.csv [--nodes N | --racks a01-a10] [--start ISO] [--hours H]
-        [--policy milp|even|greedy] [--max-jobs 10] [--tfwd 10] [--db PATH [--resume]]
+        [--policy milp|even|greedy] [--max-jobs 10] [--tfwd auto|S] [--db PATH [--resume]]
         [--out steps.csv] [--json]
 
 Prints a summary (what an HPC centre would have harvested); with --json the last line is the
@@ -394,8 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
-    ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
-                    help="T_fwd, seconds the allocator looks ahead, or auto: learned from the idle fragments")
+    ap.add_argument("--tfwd", type=tfwd_arg, default=AUTO,
+                    help="T_fwd, seconds the allocator looks ahead, or auto (default): learned from the idle fragments")
     ap.add_argument("--curves", choices=CURVES, default="given",
                     help="what the allocator is told: the job set's curves, a linear guess, or nothing (JPA learns)")
     ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")
