@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
            "milp_vs_even_samples": by["milp"]["samples"] / by["even"]["samples"]}
     if not args.quick and not args.hours:
         short = []
-        for name, extra in [("milp", ["--policy", "milp"]), ("even", ["--policy", "even"]),
-                            ("greedy", ["--policy", "greedy"])]:
+        for name, extra in [("milp", ["--policy", "milp", *fixed]), ("even", ["--policy", "even", *fixed]),
+                            ("greedy", ["--policy", "greedy", *fixed])]:
             print(f"[bench.replay] 72 h {name} ...", file=sys.stderr, flush=True)
             short.append((name, run(["--hours", "72", *extra])))
         sb = dict(short)
