@@ -20,7 +20,7 @@ import flask
 from flask import jsonify, request
 from pydantic import ValidationError
 
-from core.explain import why
+from core.explain import horizon_of, why
 from core.model import LAUNCHER_TORCHRUN
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
@@ -126,9 +126,10 @@ def job(job_id):
                                                  "lost_samples")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
+    span, learned = horizon_of(snap.config, job_id)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
                       snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
-                      snap.config.get("tfwd", 10.0), snap.config.get("policy", ""), profile=profile)
+                      span, snap.config.get("policy", ""), profile=profile, learned=learned)
     return jsonify(body)
 
 

@@ -49,6 +49,7 @@ JOB_CANCEL, JOB_CANCEL_RESULT = "job-cancel", "job-cancel-result"
 
 # allocator page
 SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"
+HORIZON = "horizon"
 
 # replay page
 RP_START, RP_HOURS, RP_NODES, RP_RACKS, RP_JOBSET = (

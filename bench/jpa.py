@@ -4,7 +4,7 @@ knows each job's true curve (oracle), assumes every job scales linearly from its
 the curves as the jobs run (JPA: curves hidden, measured with noise by the simulated profiler).
 
     python -m bench.jpa [--json] [--poor-fraction F] [--seed S] [--seeds K] [--hours H]
-                        [--start ISO] [--nodes N] [--ablation] [--parallel P]
+                        [--start ISO] [--nodes N] [--ablation] [--parallel P] [--tfwd S|auto]
 
 Two workloads: `imagenet` (jobs-imagenet-1001.csv as measured; its curves are all close to
 linear, so knowing them barely matters) and `mixed` (the same jobs with a fraction F replaced,
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.replay import run
 from core.jobsets import load_jobset
+from core.replay import tfwd_arg
 from core.workloads import mixed, write_jobset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true", help="also JPA without its same-name priors")
     ap.add_argument("--parallel", type=int, default=2, help="replays at once (default 2)")
     ap.add_argument("--seeds", type=int, default=1, help="repeat for this many seeds from --seed (default 1)")
+    ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
+                    help="T_fwd of every run, seconds or auto (learned horizon; default 10)")
     args = ap.parse_args(argv)
     if not 0 <= args.poor_fraction <= 1 or args.hours <= 0 or args.parallel < 1:
         ap.error("--poor-fraction must be in [0, 1], --hours and --parallel positive")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     seed, results, ratios = per_seed[0]
     first = next(iter(results.values()))["oracle"]
     print(f"Summit trace {first['start']} .. {first['end']}, {first['nodes']} nodes, max {first['max_jobs']} "
-          f"jobs, T_fwd {first['tfwd']} s; mixed: {args.poor_fraction:.0%} of the jobs synthetic (USL), seed {seed}")
+          f"jobs, T_fwd {first['tfwd']}{'' if first['tfwd'] == 'auto' else ' s'}; mixed: {args.poor_fraction:.0%} of the jobs synthetic (USL), seed {seed}")
     print(table(results))
     for w, key, goal in GOALS:
         got = ratios[w][key]
@@ -110,7 +113,7 @@ def run_seed(args, seed: int) -> dict[str, dict[str, dict]]:
     mixed_csv = Path(tmp.name) / f"jobs-mixed-{args.poor_fraction:g}-{seed}.csv"
     with mixed_csv.open("w") as fh:
         write_jobset(mixed(load_jobset(IMAGENET), args.poor_fraction, seed), fh)
-    common = ["--start", args.start, "--hours", str(args.hours), "--seed", str(seed)]
+    common = ["--start", args.start, "--hours", str(args.hours), "--seed", str(seed), "--tfwd", str(args.tfwd)]
     if args.nodes:
         common += ["--nodes", str(args.nodes)]
     policies = {**POLICIES, **(ABLATION if args.ablation else {})}

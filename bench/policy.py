@@ -30,8 +30,8 @@ START = "2021-02-10T20:00:00Z"
 TFWDS = (10, 30, 60, 120, 300)
 VARIANTS: dict[str, list[str]] = {
     **{f"milp@{t}": ["--policy", "milp", "--tfwd", str(t)] for t in TFWDS},
-    "even": ["--policy", "even"],
-    "greedy": ["--policy", "greedy"],
+    "even": ["--policy", "even", "--tfwd", "10"],
+    "greedy": ["--policy", "greedy", "--tfwd", "10"],
     "auto": ["--policy", "milp", "--tfwd", "auto"],
 }
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     base = ["--start", args.start, "--hours", str(args.hours), "--max-jobs", str(args.max_jobs)]
     with tempfile.TemporaryDirectory() as tmp:
         free = free_rescaling(args.jobs, Path(tmp) / "free.csv")
-        plan = [("bound", [*base, "--jobs", str(free), "--policy", "milp"])]
+        # with no rescale cost every T_fwd gives the same sizes; 10 s pins placement by racks
+        plan = [("bound", [*base, "--jobs", str(free), "--policy", "milp", "--tfwd", "10"])]
         plan += [(n, [*base, "--jobs", str(args.jobs), *VARIANTS[n]]) for n in names]
 
         def one(item: tuple[str, list[str]]) -> tuple[str, dict]:

@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip the T_fwd sweep and the 72 h window")
     args = ap.parse_args(argv)
     window = ["--hours", str(args.hours)] if args.hours else []
-    plan = [("milp", ["--policy", "milp"]), ("milp (again)", ["--policy", "milp"]),
-            ("even", ["--policy", "even"]), ("greedy", ["--policy", "greedy"])]
+    fixed = ["--tfwd", "10"]      # BFTrainer's T_fwd, as the table has always been measured
+    plan = [("milp", ["--policy", "milp", *fixed]), ("milp (again)", ["--policy", "milp", *fixed]),
+            ("even", ["--policy", "even", *fixed]), ("greedy", ["--policy", "greedy", *fixed])]
     if not args.quick:
         plan += [(f"milp T_fwd={t}", ["--policy", "milp", "--tfwd", str(t)]) for t in (60, 300)]
     results = []
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
            "milp_vs_even_samples": by["milp"]["samples"] / by["even"]["samples"]}
     if not args.quick and not args.hours:
         short = []
-        for name, extra in [("milp", ["--policy", "milp"]), ("even", ["--policy", "even"]),
-                            ("greedy", ["--policy", "greedy"])]:
+        for name, extra in [("milp", ["--policy", "milp", *fixed]), ("even", ["--policy", "even", *fixed]),
+                            ("greedy", ["--policy", "greedy", *fixed])]:
             print(f"[bench.replay] 72 h {name} ...", file=sys.stderr, flush=True)
             short.append((name, run(["--hours", "72", *extra])))
         sb = dict(short)

@@ -3,6 +3,7 @@ the allocator's view of each job and the sizes worth probing come out. Without a
 job is taken as given, so the controller never asks whether there is one."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from .counters import Counters
@@ -77,8 +78,7 @@ class Advice:
         for i, r in enumerate(reqs):
             probe = probes.get(r.id)
             if probe is not None and probe.size - r.current <= room:
-                reqs[i] = JobRequest(r.id, probe.size, probe.size, r.curve, r.scale_up_seconds,
-                                     r.scale_down_seconds, r.current_nodes, r.priority, PROBE_BONUS)
+                reqs[i] = replace(r, min_nodes=probe.size, max_nodes=probe.size, bonus=PROBE_BONUS)
                 forced[r.id] = probe.size
                 room -= max(0, probe.size - r.current)
         return forced

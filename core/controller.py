@@ -11,7 +11,7 @@ import heapq
 import itertools
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
@@ -50,7 +50,7 @@ class ControllerConfig:
     policy: str = "milp"
     solver: str = "dp"
     objective: str = "throughput"
-    tfwd: Union[float, Literal["auto"]] = 10.0
+    tfwd: Union[float, Literal["auto"]] = AUTO     # learned per job and decision (core.horizon)
     max_jobs: int = 10
     queue: str = "fcfs"
     time_limit: float = 5.0
@@ -246,7 +246,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             return None
         names = list(self.idle)
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        self.horizon = learner.decide(ages, len(names) / max(1, len(self.running)))
+        self.horizon = learner.decide(ages, [self.owner.get(n) for n in names], list(self.running))
         if not self.horizon.learned:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
@@ -381,6 +381,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                expect: Optional[dict[str, float]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
+        if self.horizon.jobs:
+            reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         h = self.horizon
         problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
@@ -411,11 +413,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 if self.owner.get(n) == job.id:
                     del self.owner[n]
                     self.since[n] = now
-                    self._batch.node(n, True, now)
+                    self._batch.node(n, True, now, idle_since=self.idle[n])
             for n in (x for x in after if x not in had):
                 self.owner[n] = job.id
                 self.since[n] = now
-                self._batch.node(n, True, now, job.id)
+                self._batch.node(n, True, now, job.id, self.idle[n])
             if before and after:
                 self.counters.rescales += 1
                 self.rescaling_until[job.id] = now + (
@@ -447,6 +449,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._timeline_point(now)
             self._batch.meta["running"] = list(self.running)
             self._batch.meta["counters"] = asdict(self.counters)
+            if self.horizon_learner is not None:
+                self._batch.meta["horizon"] = self.horizon_learner.state()
             if extra_meta:
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()

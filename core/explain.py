@@ -16,11 +16,22 @@ def _when(t: Optional[float]) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)) if t is not None else "?"
 
 
+def horizon_of(config: dict, job_id: str) -> tuple[float, bool]:
+    """The seconds the allocator amortised this job's rescale over, and whether they were learned
+    (`tfwd auto`: the job's own horizon from the snapshot's config) or the fixed T_fwd."""
+    h = config.get("horizon") or {}
+    tfwd = config.get("tfwd", 10.0)
+    if h.get("learned"):
+        return float((h.get("jobs") or {}).get(job_id, h["tfwd"])), True
+    return float(h.get("tfwd", 10.0)) if isinstance(tfwd, str) else float(tfwd), False
+
+
 def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int, tfwd: float,
         policy: str = "milp", queue_position: Optional[int] = None,
-        profile: Optional[dict] = None) -> str:
+        profile: Optional[dict] = None, learned: bool = False) -> str:
     """`profile`: what the profiler learned (its cap and rescale costs are what the allocator
-    used), or None when the job's own curve and costs are taken as given."""
+    used), or None when the job's own curve and costs are taken as given. `learned`: `tfwd` is
+    the job's horizon learned from the idle fragments (how long its nodes are expected to stay)."""
     state = job.state
     up = profile["scale_up_seconds"] if profile else job.scale_up_seconds
     cap = min(job.max_nodes, profile["cap"]) if profile else job.max_nodes
@@ -57,6 +68,10 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
                 return (f"holds {nodes} nodes: the curve in use is no faster at {best_m} "
                         f"({_rate(job, best_m):,.0f} against {s_now:,.0f} samples/s now)")
             lost = up * s_now
+            if learned:
+                return (f"holds {nodes} nodes: growing to {best_m} pays off if the nodes stay idle "
+                        f"{lost / extra:,.0f} s (+{extra:,.0f} samples/s against {lost:,.0f} samples lost in "
+                        f"its {up:.3g} s rescale pause); they are expected to stay {tfwd:,.0f} s")
             return (f"holds {nodes} nodes: growing to {best_m} adds {extra:,.0f} samples/s, "
                     f"{tfwd * extra:,.0f} samples over T_fwd = {tfwd:g} s, less than the "
                     f"{lost:,.0f} samples lost in its {up:.3g} s rescale pause")

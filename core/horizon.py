@@ -1,7 +1,9 @@
 """The allocation horizon learned from the idle fragments the node source has shown so far.
 
 BFTrainer's objective looks T_fwd seconds ahead: a rescale must pay for itself within T_fwd. The
-right T_fwd is how long the nodes a decision hands out will stay idle, and the trace says that:
+right span is how long a job keeps the allocation it pays for, which ends when one of its nodes
+is reclaimed; so it differs per job (HorizonLearner.decide: T_j from the nodes it holds), and
+the trace says how long nodes stay idle:
 every idle fragment that ended is one observation of a node's idle time, every node idle now is
 one that has lasted at least its age so far (right-censored). A Kaplan-Meier estimate over both
 gives the survival S(t) of an idle fragment, and from it, for a node idle for `a` seconds,
@@ -20,8 +22,8 @@ Pure: plain numbers in, plain records out; no clock, no I/O. The controller feed
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -34,18 +36,20 @@ FALLBACK_S = 10.0
 class Horizon:
     """What one allocation decision looks ahead with, and what it was learned from."""
 
-    tfwd: float                  # seconds: expected time until a typical job loses a node
+    tfwd: float                  # seconds: the median job's horizon T_j (the fallback until learned)
     fragments: int               # idle fragments that had ended when it was learned
     nodes: int                   # idle nodes (censored fragments) it was learned with
     median_s: float              # median idle fragment length, Kaplan-Meier (nan: not known yet)
     node_life_s: float           # expected remaining idle time of an idle node (rate-averaged)
     learned: bool                # False: no fragment had ended yet, tfwd is the fallback
+    jobs: Mapping[str, float] = field(default_factory=dict)   # T_j per running job (learned only)
 
     def to_dict(self) -> dict:
         def r(x: float) -> Optional[float]:
             return None if math.isnan(x) else round(x, 1)
         return {"tfwd": round(self.tfwd, 3), "fragments": self.fragments, "nodes": self.nodes,
-                "median_s": r(self.median_s), "node_life_s": r(self.node_life_s), "learned": self.learned}
+                "median_s": r(self.median_s), "node_life_s": r(self.node_life_s), "learned": self.learned,
+                "jobs": {j: round(t, 1) for j, t in self.jobs.items()}}
 
 
 class FragmentSurvival:
@@ -60,6 +64,27 @@ class FragmentSurvival:
         b = int(np.searchsorted(EDGES, max(0.0, duration), side="right")) - 1
         self.ended[min(b, len(self.ended) - 1)] += 1
         self.count += 1
+
+    def state(self) -> dict:
+        """What survives a restart: ended fragments per bin (nonzero bins only), on this grid."""
+        nz = np.flatnonzero(self.ended)
+        return {"per_decade": PER_DECADE, "bins": len(self.ended), "count": self.count,
+                "ended": {str(int(b)): int(self.ended[b]) for b in nz}}
+
+    def load(self, state: dict) -> None:
+        """Take up what `state()` wrote; refuses a state from another grid or a count that does
+        not add up, rather than learning from a wrong histogram."""
+        if state.get("per_decade") != PER_DECADE or state.get("bins") != len(self.ended):
+            raise ValueError(f"horizon state is for another grid ({state.get('per_decade')} bins per decade, "
+                             f"{state.get('bins')} bins; this one has {PER_DECADE}, {len(self.ended)})")
+        ended = np.zeros(len(self.ended))
+        for b, n in state.get("ended", {}).items():
+            if not 0 <= int(b) < len(ended) or int(n) < 0:
+                raise ValueError(f"horizon state: bin {b} with {n} fragments is out of range")
+            ended[int(b)] = int(n)
+        if int(ended.sum()) != state.get("count"):
+            raise ValueError(f"horizon state: {int(ended.sum())} fragments in the bins, {state.get('count')} counted")
+        self.ended, self.count = ended, int(state["count"])
 
     def curve(self, ages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S at every grid edge and ∫ S from each edge to the end, given the nodes idle now
@@ -131,21 +156,35 @@ class HorizonLearner:
         """A node's idle fragment ended (the main scheduler took it back) after `duration` s."""
         self.survival.observe(duration)
 
+    def state(self) -> dict:
+        return self.survival.state()
+
+    def load(self, state: dict) -> None:
+        """After a restart: the fragments seen before it (core.restore; the nodes idle now come
+        back with their idle-since times, so their ages stay right)."""
+        self.survival.load(state)
+
     def expected(self, ages: Sequence[float], idle_ages: Sequence[float]) -> np.ndarray:
         """Expected remaining idle time per node of `ages` (placement ranks nodes by it)."""
         if not self.survival.count:
             return np.asarray(ages, dtype=float)        # nothing ended yet: older = safer
         return self.survival.remaining(np.asarray(ages, dtype=float), np.asarray(idle_ages, dtype=float))
 
-    def decide(self, ages: Sequence[float], share: float) -> Horizon:
-        """The horizon of one decision from the ages of the idle nodes and `share`, the idle
-        nodes per running job (what one job holds, on average).
+    def decide(self, ages: Sequence[float], holders: Sequence[Optional[str]],
+               jobs: Sequence[str]) -> Horizon:
+        """The horizon of one decision from the ages of the idle nodes, who holds each (None:
+        free) and the running `jobs`.
 
-        A job's plan lasts until the next of its nodes is reclaimed: that pauses it anyway (a
-        preemption) and the allocator re-plans around it. With m_i the expected remaining idle
-        time of node i, a node is reclaimed at a rate of about 1/m_i, so a job holding `share`
-        typical nodes loses one after 1 / (share * mean(1/m_i)) seconds: that is T_fwd. Long-idle
-        nodes, few jobs or small jobs lengthen it; a crowded, churning machine shortens it."""
+        A rescale pays off while the job keeps the allocation it bought; what ends that is the
+        next reclaim of one of its nodes (a forced pause and re-plan). With m_i the expected
+        remaining idle time of node i, node i is reclaimed at a rate of about 1/m_i, so job j,
+        holding H_j and growing onto free nodes like those free now, keeps its allocation for
+
+            T_j = 1 / ( sum_{i in H_j} 1/m_i  +  mean_{i free} 1/m_i )
+
+        seconds: that is what its rescale is amortised over (core.objective). Long-idle nodes
+        and small jobs lengthen it; a big job on freshly idle nodes shortens it. `tfwd` is the
+        median T_j (what the probes and the dashboard quote)."""
         idle = np.asarray(ages, dtype=float)
         surv = self.survival
         if not surv.count or not len(idle):
@@ -153,8 +192,17 @@ class HorizonLearner:
             return self.last
         fitted = surv.curve(idle)
         rem = surv.remaining(idle, idle, fitted)
-        rate = float(np.mean(1.0 / np.maximum(rem, 1.0)))        # reclaims per node-second
-        node_life = 1.0 / rate
-        tfwd = node_life / max(1.0, share)
-        self.last = Horizon(tfwd, surv.count, len(idle), surv.median(idle, fitted), node_life, True)
+        hazard = 1.0 / np.maximum(rem, 1.0)                      # reclaims per node-second
+        held: dict[str, float] = {j: 0.0 for j in jobs}
+        free = []
+        for h, who in zip(hazard.tolist(), holders):
+            if who is None or who not in held:
+                free.append(h)
+            else:
+                held[who] += h
+        join = float(np.mean(free)) if free else float(np.mean(hazard))
+        per_job = {j: 1.0 / (h + join) for j, h in held.items()}
+        tfwd = float(np.median(list(per_job.values()))) if per_job else 1.0 / join
+        self.last = Horizon(tfwd, surv.count, len(idle), surv.median(idle, fitted),
+                            1.0 / float(np.mean(hazard)), True, per_job)
         return self.last

@@ -5,8 +5,16 @@ heuristics optimise (or approximate) exactly the same thing:
 
     v_j(n) = w_j * ( T_fwd * S_j(n) - [n > c_j] * up_j * S_j(c_j) - [n < c_j] * down_j * S_j(c_j) )
 
-for n in {0} U [min_j, max_j], where S_j is 0 below min_j. T_fwd is fixed, or learned per
-decision from the idle fragments (`--tfwd auto`, core.horizon); the objective is the same.
+for n in {0} U [min_j, max_j], where S_j is 0 below min_j, with a fixed T_fwd (BFTrainer).
+
+With `--tfwd auto` (core.horizon) each job has its own horizon T_j, the seconds its next
+rescale is amortised over, and the objective is the throughput net of that amortised cost:
+
+    v_j(n) = w_j * ( S_j(n) - ([n > c_j] * up_j + [n < c_j] * down_j) * S_j(c_j) / T_j )
+
+(samples per second). With every T_j equal to T_fwd it is BFTrainer's objective divided by
+T_fwd, so the same sizes win; with different T_j, jobs still compare samples per second, not
+samples over windows of different lengths.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ class JobRequest:
     current_nodes: tuple[str, ...] = ()
     priority: float = 1.0
     bonus: float = 0.0            # added to every running size: forces a probe (min = max = size)
+    horizon: Optional[float] = None   # T_j, seconds a rescale is amortised over (tfwd auto)
 
     @property
     def current(self) -> int:
@@ -72,17 +81,26 @@ def weight(job: JobRequest, objective: str) -> float:
     raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
 
 
-def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "throughput") -> np.ndarray:
-    """v_j(0..min(max_j, capacity)); -inf where the size is not allowed (0 < n < min_j)."""
+def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "throughput",
+                amortised: bool = False) -> np.ndarray:
+    """v_j(0..min(max_j, capacity)); -inf where the size is not allowed (0 < n < min_j).
+    `amortised`: the per-job form (samples/s net of the rescale over T_j = job.horizon, else
+    over `tfwd`); otherwise BFTrainer's (samples over `tfwd` less the rescale pause)."""
     top = min(job.max_nodes, capacity)
     w = weight(job, objective)
     c = job.current
     sc = effective_rate(job, c)
     n = np.arange(top + 1)
     rate = job.curve.rates(n)
-    table = tfwd * rate
-    table[n > c] -= job.scale_up_seconds * sc
-    table[n < c] -= job.scale_down_seconds * sc
+    if amortised:
+        span = job.horizon if job.horizon is not None else tfwd
+        table = rate.astype(float)
+        table[n > c] -= job.scale_up_seconds * sc / span
+        table[n < c] -= job.scale_down_seconds * sc / span
+    else:
+        table = tfwd * rate
+        table[n > c] -= job.scale_up_seconds * sc
+        table[n < c] -= job.scale_down_seconds * sc
     table *= w
     if job.bonus:
         table[job.min_nodes:] += job.bonus
@@ -95,5 +113,11 @@ def objective_value(tables: Sequence[np.ndarray], sizes: Sequence[int]) -> float
     return float(sum(t[n] for t, n in zip(tables, sizes)))
 
 
+def amortised(problem: Problem) -> bool:
+    """The per-job form: some job carries its own horizon (tfwd auto)."""
+    return any(j.horizon is not None for j in problem.jobs)
+
+
 def tables_for(problem: Problem) -> list[np.ndarray]:
-    return [value_table(j, problem.tfwd, problem.capacity, problem.objective) for j in problem.jobs]
+    per_job = amortised(problem)
+    return [value_table(j, problem.tfwd, problem.capacity, problem.objective, per_job) for j in problem.jobs]

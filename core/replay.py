@@ -2,7 +2,7 @@
 
     python -m core.replay --trace data/summit-idle-nodes-2021-02.csv.gz \
         --jobs data/jobs-imagenet-1001.csv [--nodes N | --racks a01-a10] [--start ISO] [--hours H]
-        [--policy milp|even|greedy] [--max-jobs 10] [--tfwd 10] [--db PATH [--resume]]
+        [--policy milp|even|greedy] [--max-jobs 10] [--tfwd auto|S] [--db PATH [--resume]]
         [--out steps.csv] [--json]
 
 Prints a summary (what an HPC centre would have harvested); with --json the last line is the
@@ -372,7 +372,10 @@ def format_summary(s: dict) -> str:
     ]
     h = s.get("horizon")
     if h:
-        rows.insert(1, ("learned horizon", f"T_fwd {h['tfwd']:.0f} s at the end, from {h['fragments']} ended "
+        jobs = sorted((h.get("jobs") or {}).values())
+        spread = f" ({jobs[0]:.0f}-{jobs[-1]:.0f} s over {len(jobs)} jobs)" if len(jobs) > 1 else ""
+        rows.insert(1, ("learned horizon", f"{h['tfwd']:.0f} s for the median job at the end{spread}, from "
+                                           f"{h['fragments']} ended "
                                            f"fragments and {h['nodes']} idle nodes (median fragment "
                                            f"{h['median_s']} s, an idle node expected to stay {h['node_life_s']} s)"))
     w = max(len(k) for k, _ in rows)
@@ -394,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
-    ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
-                    help="T_fwd, seconds the allocator looks ahead, or auto: learned from the idle fragments")
+    ap.add_argument("--tfwd", type=tfwd_arg, default=AUTO,
+                    help="T_fwd, seconds the allocator looks ahead, or auto (default): learned from the idle fragments")
     ap.add_argument("--curves", choices=CURVES, default="given",
                     help="what the allocator is told: the job set's curves, a linear guess, or nothing (JPA learns)")
     ap.add_argument("--noise", type=float, default=0.03, help="--curves learned: measurement noise (sd of log)")

@@ -1,5 +1,6 @@
 """A controller rebuilt from its store after a restart: jobs with their progress and nodes,
-the queue, counters, solve times, and what the profiler had learned (its samples replayed)."""
+the queue, counters, solve times, what the profiler had learned (its samples replayed) and the
+idle fragments the horizon learner had seen (`tfwd auto`)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -50,6 +51,9 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     for job, _ in rows:
         if job.state is JobState.QUEUED:
             ctl.enqueue(job)
+    learned = store.meta("horizon")
+    if learned and ctl.horizon_learner is not None:
+        ctl.horizon_learner.load(learned)
     counters = store.meta("counters")
     if counters:
         ctl.counters = Counters(**counters)

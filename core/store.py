@@ -27,7 +27,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
         "given_curve": str, "launcher": str, "progress_pattern": str, "stop_grace_seconds": float,
     }, {"pk": "id"}),
-    "nodes": ({"name": str, "state": str, "since": float, "job": str}, {"pk": "name"}),
+    "nodes": ({"name": str, "state": str, "since": float, "job": str, "idle_since": float}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
                {"pk": "id"}),
     "allocations": ({"id": int, "time": float, "job": str, "from_nodes": int, "to_nodes": int,
@@ -69,8 +69,12 @@ class Batch:
                     self.solver_runs, self.timeline, self.samples, self.meta))
 
     # ---- rows in the store's shape, so the controller only says what happened ---------------
-    def node(self, name: str, idle: bool, since: Optional[float], job: Optional[str] = None) -> None:
-        self.nodes[name] = {"name": name, "state": "idle" if idle else "busy", "since": since, "job": job}
+    def node(self, name: str, idle: bool, since: Optional[float], job: Optional[str] = None,
+             idle_since: Optional[float] = None) -> None:
+        """`since`: the last change of state or holder (the dashboard's); `idle_since`: when an
+        idle node's idle fragment began (the horizon learner's age; `since` when not given)."""
+        self.nodes[name] = {"name": name, "state": "idle" if idle else "busy", "since": since, "job": job,
+                            "idle_since": (idle_since if idle_since is not None else since) if idle else None}
 
     def event(self, ev: Event) -> None:
         self.events.append({"time": ev.time, "kind": ev.kind.value, "node": ev.node, "job": ev.job,
@@ -201,8 +205,9 @@ class Store:
         return [job_from_row(r) for r in self.db["jobs"].rows_where(where, list(args), order_by="rowid")]
 
     def idle_nodes(self) -> dict[str, float]:
-        return {r["name"]: r["since"] for r in
-                self.db["nodes"].rows_where("state = 'idle'", order_by="rowid")}
+        """Idle node -> when its idle fragment began (`since` in stores written before idle_since)."""
+        return {name: t for name, t in self.db.execute(
+            "select name, coalesce(idle_since, since) from nodes where state = 'idle' order by rowid")}
 
     def node_holders(self) -> list[tuple[str, float, Optional[str]]]:
         """(name, since, job) of every node, for a restart."""

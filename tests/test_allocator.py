@@ -6,7 +6,10 @@ reference optimum is computed in this file from the objective as written in the 
     sum_j  T_fwd * S_j(n_j) - [n_j > c_j] * up_j * S_j(c_j) - [n_j < c_j] * down_j * S_j(c_j)
 
 with S_j = 0 below min_j (numpy.interp for the curve), over every size combination with
-sum n_j <= idle nodes, so a bug shared by core.objective and the policies cannot hide.
+sum n_j <= idle nodes, so a bug shared by core.objective and the policies cannot hide. With a
+horizon T_j per job (--tfwd auto) the objective is the per-job amortised one,
+
+    sum_j  S_j(n_j) - ([n_j > c_j] * up_j + [n_j < c_j] * down_j) * S_j(c_j) / T_j
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import math
 import string
 import subprocess
 import sys
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -73,10 +77,14 @@ def rate(job: JobRequest, n: int) -> float:
     return float(np.interp(n, [0, *job.curve.nodes], [0.0, *job.curve.samples_per_second]))
 
 
-def job_value(job: JobRequest, n: int, tfwd: float, objective: str) -> float:
+def job_value(job: JobRequest, n: int, tfwd: float, objective: str, per_job: bool = False) -> float:
     c = len(job.current_nodes)
     sc = rate(job, c)
-    v = tfwd * rate(job, n) - (n > c) * job.scale_up_seconds * sc - (n < c) * job.scale_down_seconds * sc
+    cost = (n > c) * job.scale_up_seconds * sc + (n < c) * job.scale_down_seconds * sc
+    if per_job:
+        v = rate(job, n) - cost / (job.horizon if job.horizon is not None else tfwd)
+    else:
+        v = tfwd * rate(job, n) - cost
     if objective == "efficiency":
         one = float(np.interp(1, [0, *job.curve.nodes], [0.0, *job.curve.samples_per_second]))
         return v / one if one > 0 else v
@@ -89,8 +97,12 @@ def allowed(job: JobRequest, capacity: int) -> list[int]:
     return [0] + list(range(job.min_nodes, min(job.max_nodes, capacity) + 1))
 
 
+def per_job(p: Problem) -> bool:
+    return any(j.horizon is not None for j in p.jobs)
+
+
 def formula_value(p: Problem, sizes: dict[str, int]) -> float:
-    return sum(job_value(j, sizes[j.id], p.tfwd, p.objective) for j in p.jobs)
+    return sum(job_value(j, sizes[j.id], p.tfwd, p.objective, per_job(p)) for j in p.jobs)
 
 
 def enumerate_optimum(p: Problem) -> float:
@@ -102,7 +114,7 @@ def enumerate_optimum(p: Problem) -> float:
         for n in allowed(job, N):
             keep = sums + n <= N
             new_s.append(sums[keep] + n)
-            new_v.append(vals[keep] + job_value(job, n, p.tfwd, p.objective))
+            new_v.append(vals[keep] + job_value(job, n, p.tfwd, p.objective, per_job(p)))
         sums, vals = np.concatenate(new_s), np.concatenate(new_v)
     return float(vals.max())
 
@@ -176,28 +188,55 @@ def test_other_objectives_match_enumeration(seed: int, objective: str) -> None:
 # ---------------------------------------------------------------- the learned horizon (--tfwd auto)
 
 def learned_problem(seed: int) -> Problem:
-    """The instance of `seed` with T_fwd learned from random idle fragments (heavy-tailed) and
-    every idle node's expected remaining idle time for placement, as the controller passes them."""
+    """The instance of `seed` with a horizon per job learned from random idle fragments
+    (heavy-tailed) and every idle node's expected remaining idle time for placement, as the
+    controller passes them."""
     rng = np.random.default_rng(10_000 + seed)
     p = instance(seed)
     learner = HorizonLearner()
     for d in rng.pareto(1.2, int(rng.integers(1, 400))) * 300.0:
         learner.ended(float(d))
     ages = rng.exponential(600.0, len(p.nodes))
-    h = learner.decide(ages, len(p.nodes) / len(p.jobs))
+    holder = {x: j.id for j in p.jobs for x in j.current_nodes}
+    h = learner.decide(ages, [holder.get(x) for x in p.nodes], [j.id for j in p.jobs])
     expect = dict(zip(p.nodes, learner.expected(ages, ages).tolist()))
-    return Problem(p.nodes, p.jobs, h.tfwd, p.objective, expect)
+    jobs = [replace(j, horizon=h.jobs[j.id]) for j in p.jobs] if h.learned else p.jobs
+    return Problem(p.nodes, jobs, h.tfwd, p.objective, expect)
 
 
 @pytest.mark.parametrize("seed", range(0, N_RANDOM, 2))
 def test_learned_horizon_matches_enumeration(seed: int) -> None:
-    """--tfwd auto changes T_fwd and the placement, never the objective: still exact for it."""
+    """--tfwd auto: a horizon per job in the objective, placement by expected idle time; the
+    allocator is exact for that objective too."""
     p = learned_problem(seed)
-    assert p.tfwd > 0 and (p.tfwd != 10.0 or not p.nodes)
+    assert p.tfwd > 0 and (per_job(p) or not p.nodes)
     plan = allocate(p)
     check_plan(p, plan)
     assert close(plan.objective, enumerate_optimum(p)), (plan.objective, enumerate_optimum(p))
     assert plan.sizes == allocate(Problem(p.nodes, p.jobs, p.tfwd, p.objective)).sizes
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+@pytest.mark.parametrize("seed", range(0, 40, 4))
+def test_learned_horizon_milp_solvers_agree(seed: int, solver: str) -> None:
+    p = learned_problem(seed)
+    plan = allocate(p, "milp", solver, time_limit=30.0)
+    assert plan.status == "optimal"
+    check_plan(p, plan)
+    assert close(plan.objective, enumerate_optimum(p))
+
+
+def test_per_job_horizon_decides_who_grows() -> None:
+    """Same curve, same cost: the job whose nodes are expected to stay longer grows, the other
+    does not; with BFTrainer's 10 s neither would."""
+    curve = Curve((1, 2, 4), (100.0, 190.0, 360.0))
+    long_ = JobRequest("L", 1, 4, curve, 18.0, 11.0, ("a01n01", "a01n02"), horizon=600.0)
+    short = JobRequest("S", 1, 4, curve, 18.0, 11.0, ("a02n01", "a02n02"), horizon=15.0)
+    nodes = ["a01n01", "a01n02", "a01n03", "a01n04", "a02n01", "a02n02", "a02n03", "a02n04"]
+    plan = allocate(Problem(nodes, [long_, short], 10.0))
+    assert plan.sizes == {"L": 4, "S": 2}       # +170/s > 190*18/600 = 5.7/s; < 190*18/15 = 228/s
+    fixed = allocate(Problem(nodes, [replace(long_, horizon=None), replace(short, horizon=None)], 10.0))
+    assert fixed.sizes == {"L": 2, "S": 2}
 
 
 def test_placement_by_expected_idle_time() -> None:

@@ -371,6 +371,7 @@ def test_screenshots_of_every_page(server, anon, alice, api_job):
                          " && document.querySelectorAll('#event-log tbody tr').length > 2"
                          " && document.querySelector('#solve-hist .js-plotly-plot')?.data?.[0]?.x?.length > 0",
                          timeout=15_000)
+    assert pa.inner_text("#horizon").startswith("Horizon: learned (--tfwd auto)")   # the default
     shoot(pa, "allocator")
 
     pa.goto(server.url + "/replay")

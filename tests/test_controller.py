@@ -118,7 +118,10 @@ def test_auto_horizon_learns_from_ended_fragments_only():
     h = ctl.horizon
     assert h.learned and h.fragments == 1 and h.nodes == 7
     # one fragment of 300 s, seven nodes idle for 300 s still going: they outlive it
-    assert h.node_life_s > 0 and h.tfwd == pytest.approx(h.node_life_s / 7)
+    # all seven alike: T_J = 1 / (the reclaim rate of J's k nodes + one free node's)
+    k = len(ctl.held["J"])
+    assert 0 < k <= 7 and h.node_life_s > 0 and h.tfwd == pytest.approx(h.node_life_s / (k + 1))
+    assert h.jobs == {"J": pytest.approx(h.tfwd)}
     assert ctl.snapshot("running", 1).config["horizon"]["fragments"] == 1
     with pytest.raises(Exception, match="positive number of seconds or auto"):
         ControllerConfig(tfwd="soon")

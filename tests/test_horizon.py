@@ -42,15 +42,30 @@ def test_heavy_tail_old_nodes_stay_longer() -> None:
     assert all(b > a for a, b in zip(m, m[1:]))
 
 
-def test_fallback_until_a_fragment_ended_then_shorter_for_bigger_shares() -> None:
+def test_fallback_until_a_fragment_ended_then_per_job_horizons() -> None:
+    """T_j = 1 / (sum of the held nodes' reclaim rates + a free node's): a job holding more, or
+    younger (likelier to go), nodes amortises a rescale over less time."""
     h = HorizonLearner()
-    first = h.decide([10.0, 20.0], 1.0)
-    assert first.tfwd == FALLBACK_S and not first.learned and first.fragments == 0
+    first = h.decide([10.0, 20.0], [None, None], ["J"])
+    assert first.tfwd == FALLBACK_S and not first.learned and first.fragments == 0 and not first.jobs
     for d in np.random.default_rng(2).exponential(600.0, 5000):
         h.ended(float(d))
-    one = h.decide(np.full(100, 60.0), 1.0)
-    ten = h.decide(np.full(100, 60.0), 10.0)
-    assert one.learned and one.fragments == 5000 and one.nodes == 100
-    assert one.tfwd == pytest.approx(600.0, rel=0.1) and one.node_life_s == pytest.approx(one.tfwd)
-    assert ten.tfwd == pytest.approx(one.tfwd / 10.0)
-    assert set(ten.to_dict()) == {"tfwd", "fragments", "nodes", "median_s", "node_life_s", "learned"}
+    holders = ["A"] * 9 + ["B"] * 40 + [None] * 51
+    got = h.decide(np.full(100, 60.0), holders, ["A", "B", "C"])
+    assert got.learned and got.fragments == 5000 and got.nodes == 100
+    assert got.node_life_s == pytest.approx(600.0, rel=0.1)            # exponential: no memory
+    life = got.node_life_s
+    assert got.jobs["A"] == pytest.approx(life / 10) and got.jobs["B"] == pytest.approx(life / 41)
+    assert got.jobs["C"] == pytest.approx(life)                          # holds nothing yet
+    assert got.tfwd == pytest.approx(life / 10)                          # the median job's
+    assert set(got.to_dict()) == {"tfwd", "fragments", "nodes", "median_s", "node_life_s", "learned", "jobs"}
+
+
+def test_heavy_tail_long_idle_nodes_give_longer_horizons() -> None:
+    rng = np.random.default_rng(3)
+    h = HorizonLearner()
+    for d in (rng.pareto(1.5, 10_000) + 1.0) * 60.0:
+        h.ended(float(d))
+    ages = np.array([5.0] * 4 + [20_000.0] * 4 + [60.0] * 4)
+    got = h.decide(ages, ["young"] * 4 + ["old"] * 4 + [None] * 4, ["young", "old"])
+    assert got.jobs["old"] > 2 * got.jobs["young"]

@@ -41,3 +41,46 @@ def test_store_is_wal_and_restores_the_controller(tmp_path):
     assert ctl2.nodes() == ctl.nodes()
     tables = {r[0] for r in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")}
     assert {"jobs", "nodes", "events", "allocations", "throughput", "solver_runs", "meta"} <= tables
+
+
+def test_restore_takes_up_the_horizon_learner(tmp_path):
+    """tfwd auto: the idle fragments seen before a restart are learned from after it, and the
+    restored controller decides the same horizon as the one that was stopped."""
+    db = tmp_path / "run.db"
+    store = Store(db)
+    nodes = [f"a01n{i:02d}" for i in range(1, 9)]
+    ctl, clock = controller(nodes, ControllerConfig(max_jobs=2, tfwd="auto"), store)
+    ctl.submit(job("A", total=1e9))
+    ctl.step()
+    for k, t in enumerate((200, 450, 900)):
+        clock.advance_to(T0 + t)
+        ctl.step([Event(T0 + t, EventKind.NODE_LEAVE, node=nodes[k])])
+    ctl.flush()
+    before = ctl.horizon
+    assert before.learned and before.fragments == 3
+    store.close()
+
+    store2 = Store(db)
+    ctl2 = restore(store2, SimulatedDispatcher(), SimClock(T0 + 900), node_names=nodes)
+    assert ctl2.config.learns_horizon
+    assert ctl2.horizon_learner.state() == ctl.horizon_learner.state()
+    assert ctl2.horizon_learner.survival.count == 3
+    ctl2.step([Event(T0 + 900, EventKind.NODE_JOIN, node=nodes[0])])
+    ctl.step([Event(T0 + 900, EventKind.NODE_JOIN, node=nodes[0])])
+    assert ctl2.horizon.learned and ctl2.horizon.fragments == 3
+    assert ctl2.horizon.tfwd == pytest.approx(ctl.horizon.tfwd)
+    assert ctl2.horizon.median_s == pytest.approx(ctl.horizon.median_s)
+
+
+def test_a_horizon_state_from_another_grid_is_refused():
+    from core.horizon import HorizonLearner
+    h = HorizonLearner()
+    h.ended(300.0)
+    state = h.state()
+    with pytest.raises(ValueError, match="another grid"):
+        HorizonLearner().load({**state, "per_decade": 10})
+    with pytest.raises(ValueError, match="counted"):
+        HorizonLearner().load({**state, "count": 2})
+    fresh = HorizonLearner()
+    fresh.load(state)
+    assert fresh.state() == state

@@ -1,4 +1,5 @@
-"""Allocator: solver runs, the solve-time histogram, the last decision as a diff, the event log."""
+"""Allocator: the horizon in use, solver runs, the solve-time histogram, the last decision as a
+diff, the event log."""
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 def layout(**_):
     return html.Div([
         html.H2("Allocator"),
+        html.P(id=ids.HORIZON, className="muted"),
         html.Div([
             html.Div([html.H3("Last decision"),
                       dash_table.DataTable(id=ids.DECISIONS, columns=[
@@ -41,11 +43,32 @@ def layout(**_):
     ])
 
 
+def horizon_text(config: dict) -> str:
+    """What the allocator looks ahead with, and (tfwd auto) what it learned that from."""
+    tfwd = config.get("tfwd", 10.0)
+    h = config.get("horizon") or {}
+    if not isinstance(tfwd, str):
+        return f"Horizon: T_fwd {tfwd:g} s, fixed (--tfwd auto learns it from the idle fragments)."
+    if not h.get("learned"):
+        return (f"Horizon: learned (--tfwd auto); {h.get('tfwd', 10.0):g} s until the first idle "
+                f"fragment ends ({h.get('nodes', 0):,} nodes idle so far).")
+    per_job = sorted((h.get("jobs") or {}).values())
+    spread = (f", from {per_job[0]:,.0f} to {per_job[-1]:,.0f} s over {len(per_job)} jobs"
+              if len(per_job) > 1 else "")
+    median = h.get("median_s")
+    life = h.get("node_life_s")
+    return (f"Horizon: learned (--tfwd auto), {h['tfwd']:,.0f} s for the median job{spread}: how long a job "
+            f"is expected to keep its nodes before one is reclaimed. Learned from {h['fragments']:,} idle "
+            f"fragments that ended and {h['nodes']:,} nodes idle now (censored)"
+            + (f"; median fragment {median:,.0f} s" if median is not None else "")
+            + (f", an idle node expected to stay {life:,.0f} s" if life is not None else "") + ".")
+
+
 @dash.callback(Output(ids.DECISIONS, "data"), Output(ids.SOLVER_RUNS, "data"), Output(ids.SOLVE_HIST, "figure"),
-               Input(ids.TICK, "n_intervals"))
+               Output(ids.HORIZON, "children"), Input(ids.TICK, "n_intervals"))
 def update(n):
     if n and n % 2:
-        return no_update, no_update, no_update
+        return no_update, no_update, no_update, no_update
     hist = context.history
     decisions = []
     for d in hist.last_decisions():
@@ -63,7 +86,7 @@ def update(n):
            "layout": {"title": {"text": f"Solve time, last {len(times):,} runs (ms)", "font": {"size": 13}},
                       "height": 260, "margin": {"l": 45, "r": 10, "t": 30, "b": 35},
                       "yaxis": {"type": "log", "title": {"text": "runs"}}}}
-    return decisions, runs, fig
+    return decisions, runs, fig, horizon_text(context.harvester.snapshot.config)
 
 
 @dash.callback(Output(ids.EVENT_LOG, "data"), Output(ids.EVENT_LOG, "page_count"),

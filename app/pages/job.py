@@ -5,7 +5,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from core.explain import why
+from core.explain import horizon_of, why
 from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
@@ -73,8 +73,9 @@ def update_job(n, job_id):
         return html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, ""
     cfg = snap.config
     profile = finite(h.profile(job_id))
+    span, learned = horizon_of(cfg, job_id)
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
-               cfg["max_jobs"], cfg["tfwd"], cfg["policy"], _queue_position(snap, job_id), profile)
+               cfg["max_jobs"], span, cfg["policy"], _queue_position(snap, job_id), profile, learned)
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
