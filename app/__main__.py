@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,7 @@ from core.errors import InputError, SettingsError
 from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
 from . import slurm_options
-from .auth import Users
+from .auth import Users, stored_key
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
@@ -184,6 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         password = None
         if users is None:
             users, password = Users.demo()
+        stored_key(settings.db)          # refuse an empty or short key before anything starts
         harvester = build(settings)
         harvester.open()
     except SettingsError as e:
@@ -191,6 +193,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except (InputError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as e:       # damage PRAGMA quick_check did not see, met while loading
+        print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
+              "files) and start a new run, or restore a backup", file=sys.stderr)
         return 2
     from waitress import serve
 

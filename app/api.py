@@ -72,8 +72,13 @@ def health():
     h = context.harvester
     snap = h.snapshot
     ok = snap.status != "error" and h.problem is None
-    body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
-            "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
+    store = h.store_problem        # writes failing: kept in memory, retried each flush
+    body = {"status": "store failing" if ok and store else "ok" if ok else "error", "replay": snap.status,
+            "time": snap.time, "seq": snap.seq, "nodes": len(snap.nodes), "jobs": len(snap.jobs),
+            "error": h.problem}
+    if store:
+        body["store"] = store
+        ok = False
     if snap.source_status:
         body["source"] = snap.source_status     # a stale source is shown, not an outage
     return jsonify(body), 200 if ok else 503

@@ -20,6 +20,7 @@ from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
 from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
+from .storelock import StoreLock
 from .transports.base import NodeSpec, Transport
 
 
@@ -30,7 +31,13 @@ def build(settings: HarvesterSettings) -> Harvester:
         return ReplayHarvester(settings.db, settings.replay_settings, speed=settings.speed,
                                tick_s=settings.tick, fresh=settings.fresh)
     live = settings.live
-    source, nodes, hub = node_source(live)
+    lock = StoreLock(settings.db)
+    lock.acquire()          # before a Slurm source, which cancels the pilots it finds as its own
+    try:
+        source, nodes, hub = node_source(live)
+    except BaseException:
+        lock.release()
+        raise
     dispatcher: Optional[Dispatcher] = None
     try:
         dispatcher = dispatcher_for(live, nodes, settings.db, hub)
@@ -39,10 +46,11 @@ def build(settings: HarvesterSettings) -> Harvester:
         if dispatcher is not None:
             dispatcher.close()
         source.close()
+        lock.release()
         raise
     return LiveHarvester(settings.db, source, dispatcher, live.config, tick_s=settings.tick,
                          fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa,
-                         slots={n.name: n.slots for n in nodes})
+                         slots={n.name: n.slots for n in nodes}, lock=lock)
 
 
 def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import threading
 from dataclasses import asdict, dataclass
@@ -29,7 +30,9 @@ from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .slots import Slots
 from .snapshot import BUSY, HELD, IDLE, Snapshot
-from .store import Batch, Store, job_row
+from .store import Batch, Store, StoreWriteError, job_row
+
+log = logging.getLogger(__name__)
 
 QUEUE_ORDERS = ("fcfs", "priority")
 #: `tfwd` may be this instead of seconds: learn the horizon from the idle fragments (core.horizon)
@@ -111,6 +114,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
         self.lock = threading.RLock()
         self._batch = Batch()
+        self._unwritten: Optional[Batch] = None   # a flush that failed, written again by the next
+        self.store_problem: Optional[str] = None   # why the last flush failed; None once one works
+        self.store_failing_since: Optional[float] = None
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
@@ -137,10 +143,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         with self.lock:
             if job.id in self.jobs or job.id in self.submitted:
                 raise ValueError(f"job id {job.id} already exists")
+            if durable and self.store is not None:
+                self.store.write(Batch(jobs={job.id: job_row(job)}))   # StoreWriteError: not registered
             self.submitted[job.id] = job
             self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
-            if durable and self.store is not None:
-                self.store.write(Batch(jobs={job.id: job_row(job)}))
 
     def cancel(self, job_id: str, durable: bool = False) -> None:
         with self.lock:
@@ -148,11 +154,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             if job is None:
                 raise KeyError(job_id)
             now = self.clock.now()
-            self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
             if durable and self.store is not None and not job.state.finished:
                 row = job_row(job)
                 row.update(state=JobState.CANCELLED.value, end_time=now)
-                self.store.write(Batch(jobs={job_id: row}))
+                self.store.write(Batch(jobs={job_id: row}))   # StoreWriteError: not cancelled
+            self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
 
     @property
     def pending(self) -> bool:
@@ -440,7 +446,29 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()
             if self.store is not None:
-                self.store.write(batch)
+                self._write(batch, now)
+
+    def _write(self, batch: Batch, now: float) -> None:
+        """Write this batch after any that failed before; a failure keeps them all for the next
+        flush and says so (`store_problem`) instead of stopping the run."""
+        if self._unwritten is not None:
+            batch = self._unwritten.merge(batch)
+        try:
+            self.store.write(batch)
+        except StoreWriteError as e:
+            if self.store_problem is None:
+                log.error("store write failed, keeping %d rows to write again: %s", batch.rows, e)
+                self.store_failing_since = now
+            self._unwritten, self.store_problem = batch, str(e)
+            return
+        if self.store_problem is not None:
+            log.warning("store writes again (%d rows kept while it failed are saved)", batch.rows)
+        self._unwritten = self.store_problem = self.store_failing_since = None
+
+    @property
+    def unsaved_rows(self) -> int:
+        """Rows kept in memory because the store failed (0 while it works)."""
+        return self._unwritten.rows if self._unwritten is not None else 0
 
     # ---- reading --------------------------------------------------------------------------
     @property

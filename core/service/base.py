@@ -3,6 +3,7 @@ that moves the controller. The web app (and any other front end) calls only its 
 reads the snapshots it publishes and asks its `capabilities`; nothing here knows about HTTP."""
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from ..model import Job
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
+from ..storelock import StoreLock
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,12 @@ class Harvester:
 
     capabilities = Capabilities()
 
-    def __init__(self, db: Path, tick_s: float, fresh: bool = False) -> None:
+    def __init__(self, db: Path, tick_s: float, fresh: bool = False,
+                 lock: Optional[StoreLock] = None) -> None:
+        """`lock`: the store's lock when the caller took it already (before starting anything that
+        acts on the world, e.g. a Slurm source); else `open` takes it."""
         self.db = Path(db)
+        self.store_lock = lock or StoreLock(db)
         self.tick_s = tick_s
         self.fresh = fresh
         self.runner: Optional[Runner] = None
@@ -59,7 +67,12 @@ class Harvester:
     def open(self) -> None:
         """Load (or resume) the run and start ticking; raises on bad settings."""
         with self._lock:
-            self._open(self.fresh)
+            self.store_lock.acquire()
+            try:
+                self._open(self.fresh)
+            except BaseException:
+                self.store_lock.release()
+                raise
 
     def _run(self, runner: Runner) -> None:
         self.runner = runner
@@ -70,14 +83,25 @@ class Harvester:
         if self.runner is not None:
             self._seq = self.runner.snapshot.seq
             self.runner.stop()
-            store = self.runner.controller.store
+            ctl = self.runner.controller
+            if ctl.store_problem is not None:
+                log.error("stopping with the store failing: %d rows were not saved (%s)",
+                          ctl.unsaved_rows, ctl.store_problem)
+            store = ctl.store
             if store is not None:
                 store.close()
             self.runner = None
 
     def close(self) -> None:
         with self._lock:
-            self._close_runner()
+            try:
+                self._close_runner()
+                self._shutdown()
+            finally:
+                self.store_lock.release()     # last: nothing of this process acts any more
+
+    def _shutdown(self) -> None:
+        """Stop what the variant started besides the runner (its node source, its workers)."""
 
     # ---- reading ----------------------------------------------------------------------------
     @property
@@ -91,6 +115,16 @@ class Harvester:
     def problem(self) -> Optional[str]:
         """What stopped the harvester, if anything did (shown by /api/health and the pages)."""
         return self.error or (self.runner.error if self.runner else None)
+
+    @property
+    def store_problem(self) -> Optional[dict]:
+        """While store writes fail (kept in memory and retried every flush): why, since when and
+        how many rows wait; None while the store works."""
+        ctl = self.controller
+        if ctl is None or ctl.store_problem is None:
+            return None
+        return {"state": "failing", "detail": ctl.store_problem, "since": ctl.store_failing_since,
+                "unsaved_rows": ctl.unsaved_rows}
 
     @property
     def speed(self) -> float:

@@ -18,6 +18,7 @@ from ..schemas import JobSpec
 from ..slots import Slots
 from ..sources.base import LiveNodeSource
 from ..store import Store
+from ..storelock import StoreLock
 from .base import Capabilities, Harvester, new_job_id
 
 
@@ -25,10 +26,11 @@ class LiveHarvester(Harvester):
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
                  fresh: bool = False, require_command: bool = False,
-                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None) -> None:
+                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None,
+                 lock: Optional[StoreLock] = None) -> None:
         """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
         and /metrics."""
-        super().__init__(db, tick_s, fresh)
+        super().__init__(db, tick_s, fresh, lock)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
@@ -105,7 +107,6 @@ class LiveHarvester(Harvester):
             super().release_node(node)
         self.source.release(node, time.time())
 
-    def close(self) -> None:
-        super().close()
+    def _shutdown(self) -> None:
         self.source.close()
         self.dispatcher.close()
