@@ -32,7 +32,8 @@ def build(settings: HarvesterSettings) -> Harvester:
                                tick_s=settings.tick, fresh=settings.fresh)
     live = settings.live
     lock = StoreLock(settings.db)
-    lock.acquire()          # before a Slurm source, which cancels the pilots it finds as its own
+    if live.source == "slurm":
+        lock.acquire()      # before the source, which cancels the pilots it finds as its own
     try:
         source, nodes, hub = node_source(live)
     except BaseException:
