@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from core.admission import DEFAULT_USER_MAX_JOBS
 from core.assemble import build
 from core.errors import InputError, SettingsError
 from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "0: only where learning pays)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
+    ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
+                    help=f"queued plus running jobs one user may have; staff are exempt (default "
+                         f"{DEFAULT_USER_MAX_JOBS}; 0: no limit)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
     slurm_options.add_options(ap)
@@ -155,7 +159,7 @@ def listen_on(args, settings: HarvesterSettings) -> str:
 
 def settings_from(args) -> HarvesterSettings:
     """The command line as settings (checked there, once); raises SettingsError or ValueError."""
-    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick}
+    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick, "user_max_jobs": args.user_max_jobs}
     if bool(args.dispatch) or args.source == "slurm":
         data["live"] = live_settings(args)
     else:

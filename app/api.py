@@ -150,7 +150,7 @@ def submit():
     except ValidationError as e:
         return _err(422, "invalid job", errors=field_errors(e))
     try:
-        job = context.harvester.submit(spec, user.name)
+        job = context.harvester.submit(spec, user.name, staff=user.is_staff)
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})

@@ -27,6 +27,12 @@ from .transports.base import NodeSpec, Transport
 def build(settings: HarvesterSettings) -> Harvester:
     """A harvester ready to `open()`; raises SettingsError (or InputError for a bad file) with
     nothing started that would outlive the call."""
+    harvester = _build(settings)
+    harvester.user_max_jobs = settings.user_max_jobs
+    return harvester
+
+
+def _build(settings: HarvesterSettings) -> Harvester:
     if settings.live is None:
         return ReplayHarvester(settings.db, settings.replay_settings, speed=settings.speed,
                                tick_s=settings.tick, fresh=settings.fresh)

@@ -18,6 +18,7 @@ from typing import Literal, Optional, Sequence, Union
 import numpy as np
 
 from .allocator import Plan, allocate
+from .admission import Slot, can_start, stuck
 from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
@@ -168,6 +169,12 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def job(self, job_id: str) -> Optional[Job]:
         with self.lock:
             return self.jobs.get(job_id) or self.submitted.get(job_id)
+
+    def active_jobs_of(self, owner: str) -> int:
+        """Queued (or just registered) and running jobs of one owner."""
+        with self.lock:
+            return sum(1 for j in (*self.submitted.values(), *self.jobs.values())
+                       if j.owner == owner and not j.state.finished)
 
     def post(self, event: Event) -> None:
         with self.lock:
@@ -357,20 +364,55 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         heapq.heappush(self._queue, (*key, next(self._seq), job.id))
 
     def _admit(self, now: float) -> bool:
-        admitted = False
+        """Give free running slots, in queue order, to queued jobs that can start on the idle
+        nodes now; others keep their place. With every slot taken, jobs that hold no node and
+        cannot start give theirs back to the queue when a queued job could start."""
+        idle = len(self.idle)
+        changed = False
+        if self._queue and len(self.running) >= self.config.max_jobs:
+            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
+            if waiting and any(self.jobs[e[-1]].state is JobState.QUEUED and
+                               can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
+                for jid in waiting:
+                    self._requeue(jid, now)
+                changed = True
+        skipped = []
         while self._queue and len(self.running) < self.config.max_jobs:
-            jid = heapq.heappop(self._queue)[-1]
-            job = self.jobs[jid]
+            entry = heapq.heappop(self._queue)
+            job = self.jobs[entry[-1]]
             if job.state is not JobState.QUEUED:
+                continue
+            if not can_start(job.min_nodes, idle):
+                skipped.append(entry)
                 continue
             job.state = JobState.RUNNING
             self.n_queued -= 1
-            job.start_time = now
-            self.running[jid] = None
-            self.held.setdefault(jid, [])
-            self._batch.jobs[jid] = job_row(job)
-            admitted = True
-        return admitted
+            job.start_time = job.start_time if job.start_time is not None else now
+            self.running[job.id] = None
+            self.held.setdefault(job.id, [])
+            self._batch.jobs[job.id] = job_row(job)
+            changed = True
+        for entry in skipped:
+            heapq.heappush(self._queue, entry)
+        return changed
+
+    def _requeue(self, jid: str, now: float) -> None:
+        """A running job that holds no node and cannot start goes back to the queue, where it
+        keeps its place (its progress is kept; it starts again when enough nodes are idle)."""
+        job = self.jobs[jid]
+        self.dispatcher.stop(job, now)
+        self.running.pop(jid, None)
+        self.held.pop(jid, None)
+        self.rescaling_until.pop(jid, None)
+        self.advice.ran(jid, 0, now)
+        job.state = JobState.QUEUED
+        if not job.samples_done:
+            job.start_time = None
+        self.n_queued += 1
+        self._push_queue(job)
+        self._batch.jobs[jid] = job_row(job)
+        self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: needs {job.min_nodes} node(s), "
+                                                                  f"{len(self.idle)} idle"))
 
     def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None,
                expect: Optional[dict[str, float]] = None) -> None:

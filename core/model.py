@@ -50,6 +50,7 @@ class EventKind(str, enum.Enum):
     JOB_FAILED = "job_failed"
     TICK = "tick"
     PROBE = "probe"          # the advisor tries a size it has no sample at (logged, not handled)
+    JOB_REQUEUE = "job_requeue"  # a job with no node gave its running slot back (logged, not handled)
 
 
 #: order in which the controller handles events of one batch: a leave is always first.
@@ -62,6 +63,7 @@ EVENT_PRIORITY = {
     EventKind.JOB_SUBMIT: 5,
     EventKind.TICK: 6,
     EventKind.PROBE: 7,
+    EventKind.JOB_REQUEUE: 8,
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from .admission import DEFAULT_USER_MAX_JOBS
 from .controller import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import SettingsError
 from .inventory import MAX_SLOTS
@@ -187,6 +188,14 @@ class HarvesterSettings(_Settings):
     replay: Optional[ReplaySettings] = None
     speed: float = 60.0                          # replay: simulated seconds per wall second
     live: Optional[LiveSettings] = None
+    user_max_jobs: int = DEFAULT_USER_MAX_JOBS    # queued + running jobs per user (staff exempt); 0: no limit
+
+    @field_validator("user_max_jobs")
+    @classmethod
+    def _quota(cls, v: int) -> int:
+        if not 0 <= v <= 1_000_000:
+            raise SettingsError("", "must be a whole number from 0 (no limit) to 1000000")
+        return v
 
     @field_validator("speed")
     @classmethod

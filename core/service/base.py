@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
 from ..model import Job
 from ..runners import Runner
@@ -40,10 +41,12 @@ class Harvester:
     capabilities = Capabilities()
 
     def __init__(self, db: Path, tick_s: float, fresh: bool = False,
-                 lock: Optional[StoreLock] = None) -> None:
+                 lock: Optional[StoreLock] = None, user_max_jobs: int = DEFAULT_USER_MAX_JOBS) -> None:
         """`lock`: the store's lock when the caller took it already (before starting anything that
-        acts on the world, e.g. a Slurm source); else `open` takes it."""
+        acts on the world, e.g. a Slurm source); else `open` takes it. `user_max_jobs`: queued
+        plus running jobs one (non-staff) user may have; 0: no limit."""
         self.db = Path(db)
+        self.user_max_jobs = user_max_jobs
         self.store_lock = lock or StoreLock(db)
         self.tick_s = tick_s
         self.fresh = fresh
@@ -158,11 +161,22 @@ class Harvester:
             raise RuntimeError("the harvester is still loading")
         return runner
 
-    def submit(self, spec: JobSpec, owner: str) -> Job:
-        """Register a job a person asked for; it is in the store when this returns."""
+    def capacity(self) -> int:
+        """The most nodes this harvester can ever offer at once."""
+        ctl = self.controller
+        return len(ctl.node_names or ctl.idle) if ctl is not None else 0
+
+    def submit(self, spec: JobSpec, owner: str, staff: bool = False) -> Job:
+        """Register a job a person asked for; it is in the store when this returns. ValueError
+        ("field: message") for a job that can never run here or an owner over quota."""
         runner = self._live()
         ctl = runner.controller
         with ctl.lock:
+            refused = too_big(spec.min_nodes, self.capacity()) or over_quota(
+                ctl.active_jobs_of(owner),
+                self.user_max_jobs, staff)
+            if refused:
+                raise ValueError(refused)
             job = self._job_from(spec, owner, ctl)
             ctl.submit(job, durable=True)
         runner.publish()
