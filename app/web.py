@@ -32,7 +32,9 @@ def create_app(harvester: Harvester, users: Users) -> dash.Dash:
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                          MAX_CONTENT_LENGTH=1 << 20)
     app.layout = shell
-    from . import api, metrics
+    from . import api, callback_inputs, jsondepth, metrics
+    jsondepth.register(server)          # first: nothing below parses a body nested too deep
+    callback_inputs.register(server)
     api.register(server)
     metrics.register(server)
     return app
