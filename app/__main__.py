@@ -17,6 +17,7 @@ from typing import Optional
 
 from core.admission import DEFAULT_USER_MAX_JOBS
 from core.assemble import build
+from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
 from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
@@ -28,7 +29,8 @@ SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours
                  "max_jobs", "queue", "speed", "curves", "seed", "gpus_per_node")
 CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
 #: settings whose option is not --NAME
-FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
+FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
+         "live.workers.heartbeat_timeout_s": "--heartbeat-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
 
 
@@ -92,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--profile-sizes", type=int, default=3,
                       help="live: sizes the profiler measures each new job at, whatever it costs (default 3; "
                            "0: only where learning pays)")
+    live.add_argument("--crash-window", type=float, default=DEFAULT_CRASH_WINDOW_S, metavar="SECONDS",
+                      help=f"live: a job fails when 3 of its workers are lost within this window "
+                           f"(default {DEFAULT_CRASH_WINDOW_S:g})")
+    live.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="SECONDS",
+                      help="live: a worker silent this long (hung, stopped) loses its node at once (default 15)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
@@ -139,7 +146,8 @@ def live_settings(args) -> dict:
             "advertise": args.advertise, "bind": args.bind,
             "worker_env": tuple(n.strip() for n in args.worker_env.split(",") if n.strip()),
             "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
-            "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config}
+            "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
+            "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout}}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live

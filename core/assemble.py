@@ -98,7 +98,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             workdir=live.workdir, coordinator_host=live.dial_host,
                             coordinator_bind=live.bind_host, worker_env=live.worker_env,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
-                            max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s)
+                            max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
+                            crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s)
 
 
 def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:

@@ -176,6 +176,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             return sum(1 for j in (*self.submitted.values(), *self.jobs.values())
                        if j.owner == owner and not j.state.finished)
 
+    def record(self, event: Event) -> None:
+        """Put an event in the log that needs no handling (the harvester's own life)."""
+        with self.lock:
+            self._log(event)
+
     def post(self, event: Event) -> None:
         with self.lock:
             self._inbox.append(event)

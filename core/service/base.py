@@ -12,10 +12,12 @@ from typing import Optional
 
 from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
+from ..lifecycle import life_events
 from ..model import Job
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
+from ..store import Store
 from ..storelock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -82,11 +84,30 @@ class Harvester:
         runner.start()
         self.error = None
 
+    @staticmethod
+    def _last_life(store: Optional[Store], resumed: bool) -> tuple[int, Optional[bool], Optional[float]]:
+        """What the store says of earlier starts: how many, whether the last one stopped cleanly,
+        and when it last saved; read before anything starts workers (their logs carry the count)."""
+        if store is None or not resumed:
+            return 0, None, None
+        return store.meta("starts", 0), store.meta("clean_stop"), store.meta("clock")
+
+    def _begin_life(self, ctl: Controller, last: tuple[int, Optional[bool], Optional[float]],
+                    meta: Optional[dict] = None) -> None:
+        """Log this start (a new run, or a restart after a clean stop or a crash) and count it
+        in the store, in the first flush (with `meta`)."""
+        starts, clean, saved = last
+        active = [j.id for j in ctl.jobs.values() if not j.state.finished]
+        for ev in life_events(ctl.clock.now(), starts, clean, saved, active):
+            ctl.record(ev)
+        ctl.flush({**(meta or {}), "starts": starts + 1, "clean_stop": False})
+
     def _close_runner(self) -> None:
         if self.runner is not None:
             self._seq = self.runner.snapshot.seq
             self.runner.stop()
             ctl = self.runner.controller
+            ctl.flush({"clean_stop": True})     # the next start finds a clean stop, not a crash
             if ctl.store_problem is not None:
                 log.error("stopping with the store failing: %d rows were not saved (%s)",
                           ctl.unsaved_rows, ctl.store_problem)

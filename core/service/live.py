@@ -48,7 +48,10 @@ class LiveHarvester(Harvester):
         names = self.source.node_names()
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
-        if store.meta("live") is not None:
+        resumed = store.meta("live") is not None
+        last = self._last_life(store, resumed)
+        self.dispatcher.begin_life(last[0] + 1)
+        if resumed:
             ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor, slots=self.slots)
             known = set(ctl.idle)
             for n in known - set(idle):
@@ -59,7 +62,7 @@ class LiveHarvester(Harvester):
         else:
             ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
-        ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
+        self._begin_life(ctl, last, {"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
 
     def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
