@@ -520,7 +520,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     # ---- reading --------------------------------------------------------------------------
     @property
     def solve_ms(self) -> list[float]:
-        """Every solve's time in ms, oldest first (for percentiles)."""
+        """The last SOLVE_WINDOW solves' times in ms, oldest first (for percentiles)."""
         return self.solve_times.ms
 
     def snapshot(self, status: str, seq: int, source_status: Optional[dict] = None,

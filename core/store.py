@@ -282,9 +282,18 @@ class Store:
         return [tuple(r) for r in self.db.execute(
             "select time, job, kind, nodes, value, seconds from samples order by id")]
 
-    def solve_times(self) -> list[float]:
-        """Every recorded solve's time in ms, oldest first."""
-        return [r[0] for r in self.db.execute("select solve_ms from solver_runs order by id")]
+    def solve_times(self, limit: int = -1) -> list[float]:
+        """Recorded solve times in ms, oldest first: the last `limit` (-1: all)."""
+        rows = self.db.execute("select solve_ms from (select id, solve_ms from solver_runs order by id desc "
+                               "limit ?) order by id", (limit,))
+        return [r[0] for r in rows]
+
+    def solve_totals(self, bounds_ms: Sequence[float]) -> tuple[int, float, float, list[int]]:
+        """Count, sum and max (ms) of every recorded solve, and how many took at most each bound."""
+        cols = "".join(f", sum(solve_ms <= {float(b)!r})" for b in bounds_ms)
+        row = self.db.execute(f"select count(*), coalesce(sum(solve_ms), 0), coalesce(max(solve_ms), 0){cols} "
+                              "from solver_runs").fetchone()
+        return row[0], row[1], row[2], [int(x or 0) for x in row[3:]]
 
     def last_timeline_time(self) -> Optional[float]:
         return self.db.execute("select max(time) from timeline").fetchone()[0]
