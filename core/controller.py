@@ -381,6 +381,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 for jid in waiting:
                     self._requeue(jid, now)
                 changed = True
+        free = len(self.running) < self.config.max_jobs
+        if free and self._queue and not any(can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
+            return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
         skipped = []
         while self._queue and len(self.running) < self.config.max_jobs:
             entry = heapq.heappop(self._queue)

@@ -66,7 +66,7 @@ def test_a_stopped_worker_loses_its_node_within_the_heartbeat_timeout_and_logs_s
         wait(lambda: h.controller.owner.get(names[1]) is None, HEARTBEAT_S + 4, "the stopped worker's node freed",
              lambda: (st().get("lost"), h.controller.owner))
         freed_s = time.monotonic() - t0
-        assert freed_s <= HEARTBEAT_S + 3, freed_s
+        assert freed_s <= HEARTBEAT_S + 2, freed_s   # the timeout, then one liveness check
         wait(lambda: not os.path.exists(f"/proc/{victim.pid}") or
              open(f"/proc/{victim.pid}/stat").read().split()[2] == "Z", 10, "the stopped worker killed")
         leave = [e for e in _events(h, job.id) if e[0] == "node_leave" and e[1] == names[1]]
