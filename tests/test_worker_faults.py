@@ -11,8 +11,6 @@ import sqlite3
 import sys
 import time
 
-import pytest
-
 from core.assemble import build
 from core.crashes import note_loss
 from core.schemas import JobSpec
