@@ -4,6 +4,7 @@ runs, so a second process on the same --db is refused before it touches the stor
 it was removed sees that its inode is gone and locks the new one."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -30,8 +31,9 @@ class StoreLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as e:
-                raise StoreError(self.db, f"cannot create the lock file {self.path} ({e.strerror}): make the "
-                                          "store's folder writable, or give another --db") from None
+                todo = "create the folder" if e.errno == errno.ENOENT else "make the store's folder writable"
+                raise StoreError(self.db, f"cannot create the lock file {self.path} ({e.strerror}): {todo}, "
+                                          "or give another --db") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
