@@ -10,23 +10,27 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Optional
 
+from core.admission import DEFAULT_USER_MAX_JOBS
 from core.assemble import build
+from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
 from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
 from . import slurm_options
-from .auth import Users
+from .auth import Users, stored_key
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
                  "max_jobs", "queue", "speed", "curves", "seed", "gpus_per_node")
 CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
 #: settings whose option is not --NAME
-FLAGS = {"tick_s": "--tick", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
+FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
+         "live.workers.heartbeat_timeout_s": "--heartbeat-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
 
 
@@ -90,8 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--profile-sizes", type=int, default=3,
                       help="live: sizes the profiler measures each new job at, whatever it costs (default 3; "
                            "0: only where learning pays)")
+    live.add_argument("--crash-window", type=float, default=DEFAULT_CRASH_WINDOW_S, metavar="SECONDS",
+                      help=f"live: a job fails when 3 of its workers are lost within this window "
+                           f"(default {DEFAULT_CRASH_WINDOW_S:g})")
+    live.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="SECONDS",
+                      help="live: a worker silent this long (hung, stopped) loses its node at once (default 15)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
+    ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
+                    help=f"queued plus running jobs one user may have; staff are exempt (default "
+                         f"{DEFAULT_USER_MAX_JOBS}; 0: no limit)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     ap.add_argument("--threads", type=int, default=8, help="web server threads")
     slurm_options.add_options(ap)
@@ -134,7 +146,8 @@ def live_settings(args) -> dict:
             "advertise": args.advertise, "bind": args.bind,
             "worker_env": tuple(n.strip() for n in args.worker_env.split(",") if n.strip()),
             "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
-            "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config}
+            "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
+            "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout}}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live
@@ -154,7 +167,7 @@ def listen_on(args, settings: HarvesterSettings) -> str:
 
 def settings_from(args) -> HarvesterSettings:
     """The command line as settings (checked there, once); raises SettingsError or ValueError."""
-    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick}
+    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick, "user_max_jobs": args.user_max_jobs}
     if bool(args.dispatch) or args.source == "slurm":
         data["live"] = live_settings(args)
     else:
@@ -184,6 +197,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         password = None
         if users is None:
             users, password = Users.demo()
+        stored_key(settings.db)          # refuse an empty or short key before anything starts
         harvester = build(settings)
         harvester.open()
     except SettingsError as e:
@@ -191,6 +205,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except (InputError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as e:       # damage PRAGMA quick_check did not see, met while loading
+        print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
+              "files) and start a new run, or restore a backup", file=sys.stderr)
         return 2
     from waitress import serve
 

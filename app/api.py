@@ -5,8 +5,9 @@ model as the web form.
     POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
     GET    /api/health
     GET    /api/cluster        [?nodes=0 to leave out the per-node list]; each node with its slots (GPUs)
-    GET    /api/jobs           [?state=running&owner=alice]; each with the profiler's confidence and
-                               its ranks (the slots of its nodes; simulated workers: the GPUs it holds)
+    GET    /api/jobs           [?state=running&owner=alice&limit=1000&offset=0]; each with the profiler's
+                               confidence and its ranks (the slots of its nodes; simulated workers: the
+                               GPUs it holds); a page in registration order: count, total, next
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
     GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
@@ -15,6 +16,8 @@ model as the web form.
     POST   /api/workers/<job>/report           a job's workers, with the job's own token
 """
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 import flask
 from flask import jsonify, request
@@ -72,8 +75,13 @@ def health():
     h = context.harvester
     snap = h.snapshot
     ok = snap.status != "error" and h.problem is None
-    body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
-            "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
+    store = h.store_problem        # writes failing: kept in memory, retried each flush
+    body = {"status": "store failing" if ok and store else "ok" if ok else "error", "replay": snap.status,
+            "time": snap.time, "seq": snap.seq, "nodes": len(snap.nodes), "jobs": len(snap.jobs),
+            "error": h.problem}
+    if store:
+        body["store"] = store
+        ok = False
     if snap.source_status:
         body["source"] = snap.source_status     # a stale source is shown, not an outage
     return jsonify(body), 200 if ok else 503
@@ -96,13 +104,36 @@ def cluster():
     return jsonify(body)
 
 
+PAGE_DEFAULT, PAGE_MAX = 1000, 10000
+
+
+def _whole_arg(name: str, default: int, top: int):
+    """A query argument that is a whole number in [0, top]: (value, None) or (None, error response)."""
+    text = request.args.get(name)
+    if text is None:
+        return default, None
+    if not text.isdigit() or int(text) > top:
+        return None, _err(400, f"{name}: give a whole number from 0 to {top}")
+    return int(text), None
+
+
 @bp.get("/jobs")
 def jobs():
+    """Jobs in registration order, a page at a time (`limit`, `offset`; `next` is the next page)."""
     snap = context.harvester.snapshot
     state, owner = request.args.get("state"), request.args.get("owner")
-    out = [_job_json(j) for j in snap.jobs
-           if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
-    return jsonify({"jobs": out, "count": len(out)})
+    limit, bad = _whole_arg("limit", PAGE_DEFAULT, PAGE_MAX)
+    offset, bad = (None, bad) if bad else _whole_arg("offset", 0, 1 << 31)
+    if bad:
+        return bad
+    match = [j for j in snap.jobs if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
+    out = [_job_json(j) for j in match[offset:offset + limit]]
+    after = offset + len(out)
+    nxt = None
+    if after < len(match):
+        nxt = "/api/jobs?" + urlencode({**request.args.to_dict(), "offset": after, "limit": limit})
+    return jsonify({"jobs": out, "count": len(out), "total": len(match), "offset": offset, "limit": limit,
+                    "next": nxt})
 
 
 @bp.get("/jobs/<job_id>")
@@ -146,7 +177,7 @@ def submit():
     except ValidationError as e:
         return _err(422, "invalid job", errors=field_errors(e))
     try:
-        job = context.harvester.submit(spec, user.name)
+        job = context.harvester.submit(spec, user.name, staff=user.is_staff)
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
@@ -227,7 +258,7 @@ def worker_report(job_id):
     status = h.worker_report(job_id, request.headers.get("Authorization"), request.get_data())
     if status == 204:
         return "", 204
-    return _err(status, "refused: wrong job token" if status == 401 else "send a JSON object")
+    return _err(status, {401: "refused: wrong job token", 413: "report too large"}.get(status, "send a JSON object"))
 
 
 @bp.post("/nodes/<node>/<command>")

@@ -20,6 +20,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 ROLES = ("staff", "user")
 TOKEN_TTL_S = 7 * 24 * 3600
+MIN_KEY_CHARS = 32
 _DUMMY_HASH = generate_password_hash("not a password")
 
 
@@ -112,14 +113,47 @@ class Tokens:
 
 
 def secret_key(db: Path) -> str:
-    """HARVEST_SECRET_KEY, or a random key kept beside the store (so logins survive a restart)."""
-    if os.environ.get("HARVEST_SECRET_KEY"):
-        return os.environ["HARVEST_SECRET_KEY"]
-    path = Path(str(db) + ".secret")
-    if path.exists():
-        return path.read_text().strip()
-    key = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key)
+    """HARVEST_SECRET_KEY, or a random key kept beside the store (so logins survive a restart).
+    The file appears whole or not at all (written aside, then linked in)."""
+    key = stored_key(db)
+    if key is None:
+        _write_key(Path(str(db) + ".secret"), secrets.token_hex(32))
+        key = stored_key(db)
+    assert key is not None
     return key
+
+
+def stored_key(db: Path) -> Optional[str]:
+    """The key already given (variable or file), None if there is none yet; an empty or short key
+    is refused (ValueError) rather than signing with it."""
+    env = os.environ.get("HARVEST_SECRET_KEY")
+    if env:
+        if len(env) < MIN_KEY_CHARS:
+            raise ValueError(f"HARVEST_SECRET_KEY is {len(env)} characters: give at least {MIN_KEY_CHARS}")
+        return env
+    path = Path(str(db) + ".secret")
+    if not path.exists():
+        return None
+    key = path.read_text().strip()
+    if len(key) < MIN_KEY_CHARS:
+        raise ValueError(f"{path}: holds an empty or short key ({len(key)} characters, at least {MIN_KEY_CHARS} "
+                         "needed): delete the file and a new key is made at the next start (logins end)")
+    return key
+
+
+def _write_key(path: Path, key: str) -> None:
+    """Write the key to a private temporary file, flush it to disk, then link it in place: a crash
+    leaves either no key file or a whole one; a racing process's key wins if it was first."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)

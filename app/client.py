@@ -146,12 +146,17 @@ class Client:
         return self._request("GET", f"/api/jobs/{_quote(job_id)}")
 
     def jobs(self, state: Optional[str] = None, owner: Optional[str] = None) -> list[Job]:
-        """Every job the server knows (all of them: the API does not page), optionally only
-        those in `state` ("queued", "running", "done", "failed", "cancelled") or of `owner`
-        ("" is the replayed job set's)."""
+        """Every job the server knows (page after page), optionally only those in `state`
+        ("queued", "running", "done", "failed", "cancelled") or of `owner` ("" is the replayed
+        job set's)."""
         query = {k: v for k, v in (("state", state), ("owner", owner)) if v is not None}
-        path = "/api/jobs" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        return self._request("GET", path)["jobs"]
+        path: Optional[str] = "/api/jobs" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        out: list[Job] = []
+        while path:
+            page = self._request("GET", path)
+            out += page["jobs"]
+            path = page.get("next")
+        return out
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job (its workers are stopped); ApiError 403 when it is someone else's and

@@ -6,12 +6,24 @@ import time
 from typing import Optional
 
 
+#: 9999-12-31 23:59:59 UTC: a later time (an ETA at a rate near zero) is printed as "after 9999"
+LAST_TIME = 253402300799.0
+
+
 def sim_time(t: Optional[float]) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
+    if not t:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if _printable(t) else "after 9999"
 
 
 def short_time(t: Optional[float]) -> str:
-    return time.strftime("%m-%d %H:%M", time.gmtime(t)) if t else ""
+    if not t:
+        return ""
+    return time.strftime("%m-%d %H:%M", time.gmtime(t)) if _printable(t) else "after 9999"
+
+
+def _printable(t: float) -> bool:
+    return isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t <= LAST_TIME
 
 
 def si(x: Optional[float]) -> str:

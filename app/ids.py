@@ -6,6 +6,7 @@ NAV_USER = "nav-user"
 TICK = "tick"                 # dcc.Interval driving live updates (in the shell, shared by pages)
 STATUS_BAR = "status-bar"
 SOURCE_BADGE = "source-badge"  # live: the node source's state (ok / stale / dry run), in the status bar
+STORE_BADGE = "store-badge"    # store writes failing (kept in memory, retried), in the status bar
 
 # cluster page
 GRID = "grid"

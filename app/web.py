@@ -3,6 +3,7 @@ page per file in app/pages, plus the JSON API and /metrics on the same Flask ser
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import dash
 from dash import Input, Output, dcc, html
@@ -31,7 +32,9 @@ def create_app(harvester: Harvester, users: Users) -> dash.Dash:
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                          MAX_CONTENT_LENGTH=1 << 20)
     app.layout = shell
-    from . import api, metrics
+    from . import api, callback_inputs, jsondepth, metrics
+    jsondepth.register(server)          # first: nothing below parses a body nested too deep
+    callback_inputs.register(server)
     api.register(server)
     metrics.register(server)
     return app
@@ -68,10 +71,21 @@ def status_bar(_n):
     snap = h.snapshot
     if snap.status in ("loading", "error") or h.problem:
         return f"replay {snap.status}" + (f": {h.problem}" if h.problem else "")
+    store = store_badge(h.store_problem)
+    if store is not None:
+        return [f"{sim_time(snap.time)} · {snap.status} ", store]
     if h.capabilities.can_set_speed:
         return f"{sim_time(snap.time)} · replay {snap.status} · {h.speed:g}x"
     text = f"{sim_time(snap.time)} · live ({snap.config.get('dispatcher', '')}) · {snap.status} "
     return [text, source_badge(snap.source_status)] if snap.source_status else text
+
+
+def store_badge(st: Optional[dict]) -> Optional[html.Span]:
+    """Store writes failing (kept in memory and retried): a red badge, the reason on hover."""
+    if not st:
+        return None
+    return html.Span(f"store failing · {st.get('unsaved_rows', 0):,} rows unsaved", id=ids.STORE_BADGE,
+                     title=str(st.get("detail", "")), className="source-badge source-stale store-failing")
 
 
 def source_badge(st: dict) -> html.Span:

@@ -20,17 +20,31 @@ from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
 from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
+from .storelock import StoreLock
 from .transports.base import NodeSpec, Transport
 
 
 def build(settings: HarvesterSettings) -> Harvester:
     """A harvester ready to `open()`; raises SettingsError (or InputError for a bad file) with
     nothing started that would outlive the call."""
+    harvester = _build(settings)
+    harvester.user_max_jobs = settings.user_max_jobs
+    return harvester
+
+
+def _build(settings: HarvesterSettings) -> Harvester:
     if settings.live is None:
         return ReplayHarvester(settings.db, settings.replay_settings, speed=settings.speed,
                                tick_s=settings.tick, fresh=settings.fresh)
     live = settings.live
-    source, nodes, hub = node_source(live)
+    lock = StoreLock(settings.db)
+    if live.source == "slurm":
+        lock.acquire()      # before the source, which cancels the pilots it finds as its own
+    try:
+        source, nodes, hub = node_source(live)
+    except BaseException:
+        lock.release()
+        raise
     dispatcher: Optional[Dispatcher] = None
     try:
         dispatcher = dispatcher_for(live, nodes, settings.db, hub)
@@ -39,10 +53,11 @@ def build(settings: HarvesterSettings) -> Harvester:
         if dispatcher is not None:
             dispatcher.close()
         source.close()
+        lock.release()
         raise
     return LiveHarvester(settings.db, source, dispatcher, live.config, tick_s=settings.tick,
                          fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa,
-                         slots={n.name: n.slots for n in nodes})
+                         slots={n.name: n.slots for n in nodes}, lock=lock)
 
 
 def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
@@ -83,7 +98,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             workdir=live.workdir, coordinator_host=live.dial_host,
                             coordinator_bind=live.bind_host, worker_env=live.worker_env,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
-                            max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s)
+                            max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
+                            crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s)
 
 
 def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:

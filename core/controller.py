@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import threading
 from dataclasses import asdict, dataclass, replace
@@ -17,6 +18,7 @@ from typing import Literal, Optional, Sequence, Union
 import numpy as np
 
 from .allocator import Plan, allocate
+from .admission import Slot, can_start, stuck
 from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
@@ -30,7 +32,9 @@ from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .slots import Slots
 from .snapshot import BUSY, HELD, IDLE, Snapshot
-from .store import Batch, Store, job_row
+from .store import Batch, Store, StoreWriteError, job_row
+
+log = logging.getLogger(__name__)
 
 QUEUE_ORDERS = ("fcfs", "priority")
 #: `tfwd` may be this instead of seconds: learn the horizon from the idle fragments (core.horizon)
@@ -112,6 +116,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
         self.lock = threading.RLock()
         self._batch = Batch()
+        self._unwritten: Optional[Batch] = None   # a flush that failed, written again by the next
+        self.store_problem: Optional[str] = None   # why the last flush failed; None once one works
+        self.store_failing_since: Optional[float] = None
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
@@ -138,10 +145,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         with self.lock:
             if job.id in self.jobs or job.id in self.submitted:
                 raise ValueError(f"job id {job.id} already exists")
+            if durable and self.store is not None:
+                self.store.write(Batch(jobs={job.id: job_row(job)}))   # StoreWriteError: not registered
             self.submitted[job.id] = job
             self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
-            if durable and self.store is not None:
-                self.store.write(Batch(jobs={job.id: job_row(job)}))
 
     def cancel(self, job_id: str, durable: bool = False) -> None:
         with self.lock:
@@ -149,11 +156,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             if job is None:
                 raise KeyError(job_id)
             now = self.clock.now()
-            self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
             if durable and self.store is not None and not job.state.finished:
                 row = job_row(job)
                 row.update(state=JobState.CANCELLED.value, end_time=now)
-                self.store.write(Batch(jobs={job_id: row}))
+                self.store.write(Batch(jobs={job_id: row}))   # StoreWriteError: not cancelled
+            self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
 
     @property
     def pending(self) -> bool:
@@ -173,6 +180,17 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             running = [self.jobs[j] for j in self.running]
             return (node_demand(running, queued + list(self.submitted.values()),
                                 self.config.max_jobs - len(running)), list(self.owner))
+
+    def active_jobs_of(self, owner: str) -> int:
+        """Queued (or just registered) and running jobs of one owner."""
+        with self.lock:
+            return sum(1 for j in (*self.submitted.values(), *self.jobs.values())
+                       if j.owner == owner and not j.state.finished)
+
+    def record(self, event: Event) -> None:
+        """Put an event in the log that needs no handling (the harvester's own life)."""
+        with self.lock:
+            self._log(event)
 
     def post(self, event: Event) -> None:
         with self.lock:
@@ -362,20 +380,58 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         heapq.heappush(self._queue, (*key, next(self._seq), job.id))
 
     def _admit(self, now: float) -> bool:
-        admitted = False
+        """Give free running slots, in queue order, to queued jobs that can start on the idle
+        nodes now; others keep their place. With every slot taken, jobs that hold no node and
+        cannot start give theirs back to the queue when a queued job could start."""
+        idle = len(self.idle)
+        changed = False
+        if self._queue and len(self.running) >= self.config.max_jobs:
+            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
+            if waiting and any(self.jobs[e[-1]].state is JobState.QUEUED and
+                               can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
+                for jid in waiting:
+                    self._requeue(jid, now)
+                changed = True
+        free = len(self.running) < self.config.max_jobs
+        if free and self._queue and not any(can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
+            return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
+        skipped = []
         while self._queue and len(self.running) < self.config.max_jobs:
-            jid = heapq.heappop(self._queue)[-1]
-            job = self.jobs[jid]
+            entry = heapq.heappop(self._queue)
+            job = self.jobs[entry[-1]]
             if job.state is not JobState.QUEUED:
+                continue
+            if not can_start(job.min_nodes, idle):
+                skipped.append(entry)
                 continue
             job.state = JobState.RUNNING
             self.n_queued -= 1
-            job.start_time = now
-            self.running[jid] = None
-            self.held.setdefault(jid, [])
-            self._batch.jobs[jid] = job_row(job)
-            admitted = True
-        return admitted
+            job.start_time = job.start_time if job.start_time is not None else now
+            self.running[job.id] = None
+            self.held.setdefault(job.id, [])
+            self._batch.jobs[job.id] = job_row(job)
+            changed = True
+        for entry in skipped:
+            heapq.heappush(self._queue, entry)
+        return changed
+
+    def _requeue(self, jid: str, now: float) -> None:
+        """A running job that holds no node and cannot start goes back to the queue, where it
+        keeps its place (its progress is kept; it starts again when enough nodes are idle)."""
+        job = self.jobs[jid]
+        self.dispatcher.stop(job, now)
+        self.running.pop(jid, None)
+        self.held.pop(jid, None)
+        self.rescaling_until.pop(jid, None)
+        self.advice.ran(jid, 0, now)
+        job.state = JobState.QUEUED
+        if not job.samples_done:
+            job.start_time = None
+        self.n_queued += 1
+        self._push_queue(job)
+        self._batch.jobs[jid] = job_row(job)
+        self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: needs {job.min_nodes} node(s), "
+                                                                  f"{len(self.idle)} idle"))
 
     def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None,
                expect: Optional[dict[str, float]] = None) -> None:
@@ -455,12 +511,34 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()
             if self.store is not None:
-                self.store.write(batch)
+                self._write(batch, now)
+
+    def _write(self, batch: Batch, now: float) -> None:
+        """Write this batch after any that failed before; a failure keeps them all for the next
+        flush and says so (`store_problem`) instead of stopping the run."""
+        if self._unwritten is not None:
+            batch = self._unwritten.merge(batch)
+        try:
+            self.store.write(batch)
+        except StoreWriteError as e:
+            if self.store_problem is None:
+                log.error("store write failed, keeping %d rows to write again: %s", batch.rows, e)
+                self.store_failing_since = now
+            self._unwritten, self.store_problem = batch, str(e)
+            return
+        if self.store_problem is not None:
+            log.warning("store writes again (%d rows kept while it failed are saved)", batch.rows)
+        self._unwritten = self.store_problem = self.store_failing_since = None
+
+    @property
+    def unsaved_rows(self) -> int:
+        """Rows kept in memory because the store failed (0 while it works)."""
+        return self._unwritten.rows if self._unwritten is not None else 0
 
     # ---- reading --------------------------------------------------------------------------
     @property
     def solve_ms(self) -> list[float]:
-        """Every solve's time in ms, oldest first (for percentiles)."""
+        """The last SOLVE_WINDOW solves' times in ms, oldest first (for percentiles)."""
         return self.solve_times.ms
 
     def snapshot(self, status: str, seq: int, source_status: Optional[dict] = None,

@@ -4,6 +4,7 @@ snapshot instead of every solve ever made."""
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -51,16 +52,38 @@ class SolveHistogram:
     sum_s: float = 0.0
 
 
-class SolveTimes:
-    """Every solve's time (ms, for percentiles) and its histogram, kept up to date per solve."""
+#: solve times kept for percentiles (the newest); the histogram, count, sum and max cover all
+SOLVE_WINDOW = 100_000
 
-    def __init__(self) -> None:
-        self.ms: list[float] = []
+
+class SolveTimes:
+    """Solve times in bounded memory: the last `window` (ms, for percentiles) in a ring, and the
+    histogram, count, sum and maximum of every solve, kept up to date per solve."""
+
+    def __init__(self, window: int = SOLVE_WINDOW) -> None:
+        self.recent: deque[float] = deque(maxlen=window)
         self._bins = [0] * (len(SOLVE_BUCKETS_S) + 1)
         self._sum_s = 0.0
+        self.count = 0
+        self.max_ms = 0.0
+
+    @property
+    def ms(self) -> list[float]:
+        """The last `window` solve times, oldest first."""
+        return list(self.recent)
+
+    def restore(self, recent: list[float], count: int, sum_ms: float, max_ms: float, le: list[int]) -> None:
+        """Take up a stored run: its last solve times and the totals of all (`le`: cumulative
+        counts per bucket of SOLVE_BUCKETS_S, as `histogram` gives them)."""
+        self.recent.extend(recent)
+        self.count, self._sum_s, self.max_ms = count, sum_ms / 1000.0, max_ms
+        edges = [*le, count]
+        self._bins = [edges[0]] + [b - a for a, b in zip(edges, edges[1:])]
 
     def add(self, ms: float) -> None:
-        self.ms.append(ms)
+        self.recent.append(ms)
+        self.count += 1
+        self.max_ms = max(self.max_ms, ms)
         s = ms / 1000.0
         self._bins[bisect.bisect_left(SOLVE_BUCKETS_S, s)] += 1
         self._sum_s += s
@@ -70,4 +93,4 @@ class SolveTimes:
         for n in self._bins[:-1]:
             total += n
             le.append(total)
-        return SolveHistogram(tuple(le), len(self.ms), self._sum_s)
+        return SolveHistogram(tuple(le), self.count, self._sum_s)

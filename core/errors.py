@@ -35,3 +35,11 @@ class SettingsError(ValueError):
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+
+
+class StoreError(InputError):
+    """The store file cannot be used (damaged, unreadable, read-only, in use): one line that
+    names the file and says what to do, never a traceback."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(path, None, message)

@@ -37,6 +37,8 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
     cap = min(job.max_nodes, profile["cap"]) if profile else job.max_nodes
     if state is JobState.QUEUED:
         pos = f", number {queue_position} in the queue" if queue_position else ""
+        if job.min_nodes > idle:
+            return f"queued: needs {job.min_nodes} idle nodes to start, {idle} are idle{pos}"
         return f"queued: {running} jobs already running (at most {max_jobs} at once){pos}"
     if state.finished:
         return f"{state.value} at {_when(job.end_time)}: holds no nodes"

@@ -50,6 +50,10 @@ class EventKind(str, enum.Enum):
     JOB_FAILED = "job_failed"
     TICK = "tick"
     PROBE = "probe"          # the advisor tries a size it has no sample at (logged, not handled)
+    JOB_REQUEUE = "job_requeue"  # a job with no node gave its running slot back (logged, not handled)
+    HARVESTER_START = "harvester_start"      # a new run on this store (logged, not handled)
+    HARVESTER_CRASH = "harvester_crash"      # found at a restart: the last run did not stop cleanly
+    HARVESTER_RESTART = "harvester_restart"  # the run on this store taken up again
 
 
 #: order in which the controller handles events of one batch: a leave is always first.
@@ -62,6 +66,10 @@ EVENT_PRIORITY = {
     EventKind.JOB_SUBMIT: 5,
     EventKind.TICK: 6,
     EventKind.PROBE: 7,
+    EventKind.JOB_REQUEUE: 8,
+    EventKind.HARVESTER_START: 9,
+    EventKind.HARVESTER_CRASH: 9,
+    EventKind.HARVESTER_RESTART: 9,
 }
 
 

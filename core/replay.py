@@ -346,7 +346,7 @@ class Replay:
             "probes": c.probes,
             "solver_ms_p50": round(percentile(ctl.solve_ms, 0.5) or 0.0, 3),
             "solver_ms_p95": round(percentile(ctl.solve_ms, 0.95) or 0.0, 3),
-            "solver_ms_max": round(max(ctl.solve_ms, default=0.0), 3),
+            "solver_ms_max": round(ctl.solve_times.max_ms, 3),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
         }
 

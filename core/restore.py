@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from .clock import Clock
 from .controller import Controller, ControllerConfig
-from .counters import Counters
+from .counters import SOLVE_BUCKETS_S, SOLVE_WINDOW, Counters
 from .dispatchers.base import Dispatcher
 from .jpa import JPA
 from .model import JobState, PauseSample, RateSample
@@ -57,7 +57,7 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     counters = store.meta("counters")
     if counters:
         ctl.counters = Counters(**counters)
-    for ms in store.solve_times():
-        ctl.solve_times.add(ms)
+    count, sum_ms, max_ms, le = store.solve_totals([b * 1000.0 for b in SOLVE_BUCKETS_S])
+    ctl.solve_times.restore(store.solve_times(SOLVE_WINDOW), count, sum_ms, max_ms, le)
     ctl.timeline_at = store.last_timeline_time()
     return ctl

@@ -11,6 +11,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from .admission import DEFAULT_USER_MAX_JOBS
+from .crashes import DEFAULT_CRASH_WINDOW_S
 from .controller import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import SettingsError
 from .inventory import MAX_SLOTS
@@ -53,8 +55,24 @@ class WorkerSettings(_Settings):
     stop_grace_s: float = 5.0        # a dismissed or stopped worker: SIGTERM, SIGKILL after this
     vacate_grace_s: float = 1.0      # a worker on a node the owner took back
     rejoin_after_s: float = 5.0      # a node whose worker was lost is offered again after this
-    max_crashes: int = 3             # lost workers after which the job fails
+    max_crashes: int = 3             # lost workers within crash_window_s after which the job fails
+    crash_window_s: float = DEFAULT_CRASH_WINDOW_S   # losses older than this no longer count
+    heartbeat_timeout_s: float = 15.0  # a worker silent this long (hung, stopped) loses its node
     sample_s: float = 5.0            # seconds of one generation per throughput sample
+
+    @field_validator("crash_window_s")
+    @classmethod
+    def _window(cls, v: float) -> float:
+        if not (math.isfinite(v) and 1 <= v <= 30 * 24 * 3600):
+            raise SettingsError("", "must be a number of seconds from 1 to 2592000 (30 days)")
+        return v
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _heartbeat(cls, v: float) -> float:
+        if not (math.isfinite(v) and 1 <= v <= 3600):
+            raise SettingsError("", "must be a number of seconds from 1 to 3600")
+        return v
 
     @field_validator("stop_grace_s", "vacate_grace_s", "rejoin_after_s", "sample_s")
     @classmethod
@@ -187,6 +205,14 @@ class HarvesterSettings(_Settings):
     replay: Optional[ReplaySettings] = None
     speed: float = 60.0                          # replay: simulated seconds per wall second
     live: Optional[LiveSettings] = None
+    user_max_jobs: int = DEFAULT_USER_MAX_JOBS    # queued + running jobs per user (staff exempt); 0: no limit
+
+    @field_validator("user_max_jobs")
+    @classmethod
+    def _quota(cls, v: int) -> int:
+        if not 0 <= v <= 1_000_000:
+            raise SettingsError("", "must be a whole number from 0 (no limit) to 1000000")
+        return v
 
     @field_validator("speed")
     @classmethod

@@ -3,6 +3,10 @@
 State tables (`jobs`, `nodes`, `meta`) always describe one consistent moment; history tables
 (`events`, `allocations`, `throughput`, `solver_runs`) are appended in the same transaction,
 so a crash loses at most the changes since the last flush, never half of one.
+
+A store that cannot be used at start (damaged, not a database, unreadable, read-only) is a
+StoreError naming the file; a write that fails later (disk full, locked past the busy timeout)
+is a StoreWriteError, and the caller keeps the batch to write again.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import sqlite_utils
 
+from .errors import StoreError
 from .model import (DEFAULT_PROGRESS_PATTERN, LAUNCHER_RUNTIME, Curve, Event, Job, JobState, PauseSample,
                     RateSample)
 
@@ -48,6 +53,12 @@ INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]),
            ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"]),
            ("samples", ["job"])]
 HISTORY = ("events", "allocations", "throughput", "solver_runs", "samples")
+#: seconds a write waits for another connection's lock before it fails
+BUSY_TIMEOUT_S = 5.0
+
+
+class StoreWriteError(RuntimeError):
+    """A write to the store failed; nothing of it was stored (the transaction rolled back)."""
 
 
 @dataclass
@@ -63,6 +74,19 @@ class Batch:
     timeline: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, newer: "Batch") -> "Batch":
+        """This batch followed by `newer` (its rows win), as one: what a retried flush writes."""
+        self.jobs.update(newer.jobs)
+        self.nodes.update(newer.nodes)
+        self.meta.update(newer.meta)
+        for name in (*HISTORY, "timeline"):
+            getattr(self, name).extend(getattr(newer, name))
+        return self
+
+    @property
+    def rows(self) -> int:
+        return sum(len(getattr(self, name)) for name in (*HISTORY, "timeline", "jobs", "nodes", "meta"))
 
     def __bool__(self) -> bool:
         return any((self.jobs, self.nodes, self.events, self.allocations, self.throughput,
@@ -148,16 +172,54 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
     return job, json.loads(row["nodes"] or "[]")
 
 
+def _why(e: sqlite3.Error) -> str:
+    """What to do about a store that cannot be opened, from SQLite's error."""
+    text = str(e)
+    if "readonly" in text:
+        return f"the store is read-only ({text}): make the file and its folder writable, or give another --db"
+    if "malformed" in text or "not a database" in text or isinstance(e, sqlite3.DatabaseError) and \
+            not isinstance(e, sqlite3.OperationalError):
+        return (f"the store is damaged ({text}): move the file (and its -wal and -shm files) aside and "
+                "start a new run, or restore a backup")
+    if "locked" in text or "busy" in text:
+        return f"the store is locked by another program ({text}): stop it, or give another --db"
+    return f"cannot use the store ({text}): check that the file and its folder exist and are readable and " \
+           "writable by this user, or give another --db"
+
+
 class Store:
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        """Open (or create) the store and check it: StoreError if it cannot be used."""
         self.path = str(path)
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self.db = sqlite_utils.Database(conn)
-        self.lock = threading.RLock()
-        if self.path != ":memory:":
-            self.db.enable_wal()
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self._ensure_schema()
+        conn: Optional[sqlite3.Connection] = None
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=busy_timeout_s)
+            self.db = sqlite_utils.Database(conn)
+            self.lock = threading.RLock()
+            if self.path != ":memory:":
+                self.db.enable_wal()
+                self._check()
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._ensure_schema()
+        except sqlite3.Error as e:
+            if conn is not None:
+                conn.close()
+            raise StoreError(self.path, _why(e)) from None
+
+    def _check(self) -> None:
+        """`PRAGMA quick_check` (damage SQLite can see without reading every index entry), then a
+        write that is rolled back (a read-only file opens and reads fine)."""
+        problems = [r[0] for r in self.db.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            said = " ".join(" ".join(problems).replace("*", "").split())   # one line, however SQLite wraps it
+            raise sqlite3.DatabaseError(f"malformed: {said[:160]}")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            self.db.execute(f"PRAGMA user_version = {int(version)}")
+        finally:
+            self.db.execute("ROLLBACK")
 
     def _ensure_schema(self) -> None:
         with self.lock:
@@ -180,8 +242,15 @@ class Store:
         return self.db["jobs"].count == 0 and self.db["meta"].count == 0 and self.db["events"].count == 0
 
     def write(self, batch: Batch) -> None:
+        """Write the batch in one transaction; StoreWriteError (nothing written) if it fails."""
         if not batch:
             return
+        try:
+            self._write(batch)
+        except sqlite3.Error as e:
+            raise StoreWriteError(f"{self.path}: {e}") from e
+
+    def _write(self, batch: Batch) -> None:
         with self.lock, self.db.atomic():
             if batch.jobs:
                 self.db["jobs"].upsert_all(batch.jobs.values(), pk="id")
@@ -218,9 +287,18 @@ class Store:
         return [tuple(r) for r in self.db.execute(
             "select time, job, kind, nodes, value, seconds from samples order by id")]
 
-    def solve_times(self) -> list[float]:
-        """Every recorded solve's time in ms, oldest first."""
-        return [r[0] for r in self.db.execute("select solve_ms from solver_runs order by id")]
+    def solve_times(self, limit: int = -1) -> list[float]:
+        """Recorded solve times in ms, oldest first: the last `limit` (-1: all)."""
+        rows = self.db.execute("select solve_ms from (select id, solve_ms from solver_runs order by id desc "
+                               "limit ?) order by id", (limit,))
+        return [r[0] for r in rows]
+
+    def solve_totals(self, bounds_ms: Sequence[float]) -> tuple[int, float, float, list[int]]:
+        """Count, sum and max (ms) of every recorded solve, and how many took at most each bound."""
+        cols = "".join(f", sum(solve_ms <= {float(b)!r})" for b in bounds_ms)
+        row = self.db.execute(f"select count(*), coalesce(sum(solve_ms), 0), coalesce(max(solve_ms), 0){cols} "
+                              "from solver_runs").fetchone()
+        return row[0], row[1], row[2], [int(x or 0) for x in row[3:]]
 
     def last_timeline_time(self) -> Optional[float]:
         return self.db.execute("select max(time) from timeline").fetchone()[0]

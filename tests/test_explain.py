@@ -16,6 +16,8 @@ def _job(**kw):
 def test_why_says_what_holds_a_job_back():
     assert why(_job(state=JobState.QUEUED), 0, 50, 50, 10, 10, 10, queue_position=3).startswith(
         "queued: 10 jobs already running (at most 10 at once), number 3")
+    assert why(_job(state=JobState.QUEUED, min_nodes=8), 0, 5, 5, 1, 10, 10) == \
+        "queued: needs 8 idle nodes to start, 5 are idle"
     assert why(_job(), 16, 100, 40, 3, 10, 10) == "holds 16 nodes: its maximum"
     line = why(_job(), 8, 100, 20, 3, 10, 10)     # 80 free nodes, but 8 -> 16 adds 20 samples/s only
     assert line.startswith("holds 8 nodes: growing to 16 adds 20 samples/s") and "18 s rescale pause" in line

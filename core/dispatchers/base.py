@@ -58,5 +58,9 @@ class Dispatcher(ABC):
         """A progress report from a job's workers: an HTTP status (204 taken, 401, 400, 404)."""
         return 404
 
+    def begin_life(self, life: int) -> None:
+        """The harvester's start number on this store (1, 2, ...): files it names per start (worker
+        logs) carry it, so a restart never overwrites what an earlier start wrote."""
+
     def close(self) -> None:
         """Stop everything still running (the harvester shuts down)."""

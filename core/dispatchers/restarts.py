@@ -60,7 +60,7 @@ class _RestartRun:
     before: float = 0.0               # progress when it was told to stop
     rate: float = 0.0
     meter: Optional[tuple[float, float, int]] = None   # (time, samples, generation)
-    crashes: int = 0
+    losses: list[float] = field(default_factory=list)   # when ranks were lost (the crash budget's)
     ended: bool = False
     applying: threading.Lock = field(default_factory=threading.Lock)
 
@@ -76,6 +76,7 @@ class RestartJobs:
         self.base_env, self.submit, self.post, self.lost = base_env, submit, post, lost
         self.progress_timeout_s = progress_timeout_s
         self.sample_s = sample_s
+        self.life = 1                 # the harvester's start number, in every log's name
         self.runs: dict[str, _RestartRun] = {}
         self._lock = threading.RLock()
         self._samples: list = []
@@ -173,7 +174,7 @@ class RestartJobs:
         try:
             for key in keys:
                 env = {**common, **ranks.place(keys, key).env(), "HARVEST_NODE": key}
-                log_path = str(self.logdir / run.job.id / f"{key}-g{number}.log")
+                log_path = str(self.logdir / run.job.id / f"{key}-s{self.life}-g{number}.log")
                 started[key] = self.transport.start(self.specs[ranks.node_of(key)], list(run.job.command),
                                                     env, self.workdir, log_path)
         except (StartError, ValueError) as e:
@@ -221,7 +222,6 @@ class RestartJobs:
             node = ranks.node_of(key)
             tail = self._tail(handle)
             run.target = [n for n in run.target if n != node]
-            run.crashes += 1
             why = "unreachable" if alive.get(handle) is None else "rank exited"
             self.lost(run.job.id, node, f"{why} on {node} ({key})" + (f": {tail[-1]}" if tail else ""))
 

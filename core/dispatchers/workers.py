@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..crashes import DEFAULT_CRASH_WINDOW_S, note_loss
 from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
 from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
@@ -54,7 +55,7 @@ class _Run:
     target: list[str] = field(default_factory=list)
     handles: dict[str, Handle] = field(default_factory=dict)     # worker key -> its process
     incarnation: dict[str, int] = field(default_factory=dict)   # worker key -> its current one's
-    crashes: int = 0
+    losses: list[float] = field(default_factory=list)   # when workers were lost (the crash budget's)
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
     meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
@@ -67,7 +68,10 @@ class WorkerDispatcher(Dispatcher):
                  coordinator_host: str = "127.0.0.1", coordinator_bind: Optional[str] = None,
                  worker_env: Sequence[str] = (), stop_grace_s: float = 5.0,
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
-                 alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0) -> None:
+                 alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
+                 crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0) -> None:
+        """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
+        whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -82,6 +86,9 @@ class WorkerDispatcher(Dispatcher):
         self.vacate_grace_s = vacate_grace_s
         self.max_crashes = max_crashes
         self.rejoin_after_s = rejoin_after_s
+        self.crash_window_s = crash_window_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.life = 1                 # the harvester's start number (begin_life), in every log's name
         self.alive_every_s = alive_every_s
         self.pg_timeout_s = pg_timeout_s
         self.sample_s = sample_s
@@ -241,6 +248,9 @@ class WorkerDispatcher(Dispatcher):
                 self._pool.submit(self._check_alive)
         return events
 
+    def begin_life(self, life: int) -> None:
+        self.life = self.restarts.life = life
+
     def close(self) -> None:
         with self._lock:
             runs = list(self._runs.values())
@@ -267,7 +277,7 @@ class WorkerDispatcher(Dispatcher):
             extra[ENV_CHECKPOINT_DIR] = str(ckpt)
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
                                    host=self.coordinator_host, bind_host=self.coordinator_bind,
-                                   report_url=url, token=token,
+                                   report_url=url, token=token, heartbeat_timeout_s=self.heartbeat_timeout_s,
                                    pg_timeout_s=self.pg_timeout_s, extra_env=extra)
             self.book.register(job.id, coord.token)
             run = self._runs[job.id] = _Run(job, coord)
@@ -289,12 +299,15 @@ class WorkerDispatcher(Dispatcher):
         if run is None:
             return
         with self._lock:
-            self._events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, job=job_id, detail=detail))
-            self._rejoin.append((time.time() + self.rejoin_after_s, node))
-            if run.crashes >= self.max_crashes and not run.ended:
+            now = time.time()
+            crashes = note_loss(run.losses, now, self.crash_window_s)
+            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=detail))
+            self._rejoin.append((now + self.rejoin_after_s, node))
+            if crashes >= self.max_crashes and not run.ended:
                 run.ended = True
-                self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=job_id,
-                                          detail=f"{run.crashes} ranks lost; last: {detail}"))
+                self._events.append(Event(now, EventKind.JOB_FAILED, job=job_id,
+                                          detail=f"{crashes} ranks lost within {self.crash_window_s:g} s; "
+                                                 f"last: {detail}"))
 
     def _keys(self, nodes: Sequence[str]) -> list[str]:
         """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
@@ -311,7 +324,7 @@ class WorkerDispatcher(Dispatcher):
             env.update(ranks.place(order, key).env())
             inc = env.get("HARVEST_INCARNATION", "0")
             run.incarnation[key] = int(inc)
-            starts.append((key, env, str(self.logdir / run.job.id / f"{key}-{inc}.log")))
+            starts.append((key, env, str(self.logdir / run.job.id / f"{key}-s{self.life}-{inc}.log")))
 
         def start() -> None:
             started: dict[str, Handle] = {}
@@ -399,22 +412,38 @@ class WorkerDispatcher(Dispatcher):
                 why = "unreachable" if ok is None else "worker exited"
                 self._lost(run, node, f"{why} on {node}" + (f": {tail[-1]}" if tail else ""), tail)
                 self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
+            self._take_out_silent([run for run, _, _ in watched])
         finally:
             self._last_check = time.monotonic()
             self._checking = False
 
+    def _take_out_silent(self, runs: list[_Run]) -> None:
+        """A worker alive as a process but silent past the heartbeat timeout (hung, SIGSTOPped)
+        loses its node at once, as a crash would: the node leaves the job (and is offered again
+        after `rejoin_after_s`), its processes are killed, and the loss counts."""
+        for run in {id(r): r for r in runs}.values():
+            for key, inc in run.coord.silent_workers():
+                node = ranks.node_of(key)
+                with self._lock:
+                    if run.incarnation.get(key) != inc or key not in run.handles:
+                        continue          # already taken out, or a newer worker there
+                    mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
+                self._lost(run, node, f"no heartbeat from {node} for {run.coord.heartbeat_timeout_s:g} s "
+                                      "(hung or cut off): its workers are killed")
+                self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
+
     def _lost(self, run: _Run, node: str, detail: str, tail: Optional[list[str]] = None) -> None:
         run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
-            run.crashes += 1
+            now = time.time()
+            crashes = note_loss(run.losses, now, self.crash_window_s)
             run.last_tail = tail or run.last_tail
-            self._events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, job=run.job.id,
-                                      detail=detail))
-            self._rejoin.append((time.time() + self.rejoin_after_s, node))
-            if run.crashes >= self.max_crashes and not run.ended:
+            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=run.job.id, detail=detail))
+            self._rejoin.append((now + self.rejoin_after_s, node))
+            if crashes >= self.max_crashes and not run.ended:
                 run.ended = True
-                self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
-                                          detail=self._why_failed(run, f"{run.crashes} workers lost")))
+                self._events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id, detail=self._why_failed(
+                    run, f"{crashes} workers lost within {self.crash_window_s:g} s")))
 
     def _why_failed(self, run: _Run, error: str) -> str:
         tail = " | ".join(run.last_tail[-10:])

@@ -198,6 +198,13 @@ class JobCoordinator:
                 self._execute(self._machine.node_lost(node, incarnation, now))
         self._wake.set()
 
+    def silent_workers(self) -> list[tuple[str, int]]:
+        """(key, incarnation) of the workers lost because their heartbeat stopped (hung,
+        stopped, cut off): their processes may still exist, and the dispatcher takes them out."""
+        with self._lock:
+            return [(w.node, w.inc) for w in self._machine.workers.values()
+                    if w.lost and w.exit_reason == "heartbeat"]
+
     def status(self) -> dict:
         """The machine's status, plus `forged_reads`: values read from the store whose tag was
         not the job's (written by a non-member), each time one was read."""

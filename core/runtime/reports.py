@@ -16,13 +16,20 @@ from typing import Any, Optional
 __all__ = ["ReportBook", "ReportServer"]
 
 
+#: reports kept per running job (the newest), and the largest report body taken
+KEEP_REPORTS = 100
+MAX_REPORT_BYTES = 64 * 1024
+
+
 class ReportBook:
     """Progress reports of running jobs, as the HTTP endpoint receives them. Thread-safe.
 
     The web app registers each job's token (`JobCoordinator.token`) and passes every POST to
-    `accept()`; only a report with the job's token (compared in constant time) is kept."""
+    `accept()`; only a report with the job's token (compared in constant time) is kept. Memory
+    is bounded: the last `keep` reports per job, bodies up to MAX_REPORT_BYTES, and a job's
+    reports are dropped with its token when it ends (`revoke`)."""
 
-    def __init__(self, keep: int = 2000) -> None:
+    def __init__(self, keep: int = KEEP_REPORTS) -> None:
         self._tokens: dict[str, bytes] = {}
         self._reports: dict[str, deque] = {}
         self._keep = keep
@@ -37,6 +44,7 @@ class ReportBook:
     def revoke(self, job_id: str) -> None:
         with self._lock:
             self._tokens.pop(job_id, None)
+            self._reports.pop(job_id, None)
 
     def accept(self, job_id: str, token: str, payload: dict) -> bool:
         with self._lock:
@@ -46,17 +54,19 @@ class ReportBook:
             if not ok or expected is None or not isinstance(payload, dict):
                 self.refused += 1
                 return False
-            self._reports[job_id].append({**payload, "received": time.time()})
+            self._reports.setdefault(job_id, deque(maxlen=self._keep)).append({**payload, "received": time.time()})
             return True
 
     def accept_http(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
-        """HTTP status for a raw POST: 204 kept, 401 bad token, 400 bad body."""
+        """HTTP status for a raw POST: 204 kept, 401 bad token, 400 bad body, 413 too large."""
+        if body and len(body) > MAX_REPORT_BYTES:
+            return 413
         token = ""
         if authorization and authorization.startswith("Bearer "):
             token = authorization[len("Bearer "):].strip()
         try:
             payload = json.loads(body or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):
             return 400
         if not isinstance(payload, dict):
             return 400

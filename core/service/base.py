@@ -3,17 +3,24 @@ that moves the controller. The web app (and any other front end) calls only its 
 reads the snapshots it publishes and asks its `capabilities`; nothing here knows about HTTP."""
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
+from ..lifecycle import life_events
 from ..model import Job
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
+from ..store import Store
+from ..storelock import StoreLock
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,14 @@ class Harvester:
 
     capabilities = Capabilities()
 
-    def __init__(self, db: Path, tick_s: float, fresh: bool = False) -> None:
+    def __init__(self, db: Path, tick_s: float, fresh: bool = False,
+                 lock: Optional[StoreLock] = None, user_max_jobs: int = DEFAULT_USER_MAX_JOBS) -> None:
+        """`lock`: the store's lock when the caller took it already (before starting anything that
+        acts on the world, e.g. a Slurm source); else `open` takes it. `user_max_jobs`: queued
+        plus running jobs one (non-staff) user may have; 0: no limit."""
         self.db = Path(db)
+        self.user_max_jobs = user_max_jobs
+        self.store_lock = lock or StoreLock(db)
         self.tick_s = tick_s
         self.fresh = fresh
         self.runner: Optional[Runner] = None
@@ -59,25 +72,60 @@ class Harvester:
     def open(self) -> None:
         """Load (or resume) the run and start ticking; raises on bad settings."""
         with self._lock:
-            self._open(self.fresh)
+            self.store_lock.acquire()
+            try:
+                self._open(self.fresh)
+            except BaseException:
+                self.store_lock.release()
+                raise
 
     def _run(self, runner: Runner) -> None:
         self.runner = runner
         runner.start()
         self.error = None
 
+    @staticmethod
+    def _last_life(store: Optional[Store], resumed: bool) -> tuple[int, Optional[bool], Optional[float]]:
+        """What the store says of earlier starts: how many, whether the last one stopped cleanly,
+        and when it last saved; read before anything starts workers (their logs carry the count)."""
+        if store is None or not resumed:
+            return 0, None, None
+        return store.meta("starts", 0), store.meta("clean_stop"), store.meta("clock")
+
+    def _begin_life(self, ctl: Controller, last: tuple[int, Optional[bool], Optional[float]],
+                    meta: Optional[dict] = None) -> None:
+        """Log this start (a new run, or a restart after a clean stop or a crash) and count it
+        in the store, in the first flush (with `meta`)."""
+        starts, clean, saved = last
+        active = [j.id for j in ctl.jobs.values() if not j.state.finished]
+        for ev in life_events(ctl.clock.now(), starts, clean, saved, active):
+            ctl.record(ev)
+        ctl.flush({**(meta or {}), "starts": starts + 1, "clean_stop": False})
+
     def _close_runner(self) -> None:
         if self.runner is not None:
             self._seq = self.runner.snapshot.seq
             self.runner.stop()
-            store = self.runner.controller.store
+            ctl = self.runner.controller
+            ctl.flush({"clean_stop": True})     # the next start finds a clean stop, not a crash
+            if ctl.store_problem is not None:
+                log.error("stopping with the store failing: %d rows were not saved (%s)",
+                          ctl.unsaved_rows, ctl.store_problem)
+            store = ctl.store
             if store is not None:
                 store.close()
             self.runner = None
 
     def close(self) -> None:
         with self._lock:
-            self._close_runner()
+            try:
+                self._close_runner()
+                self._shutdown()
+            finally:
+                self.store_lock.release()     # last: nothing of this process acts any more
+
+    def _shutdown(self) -> None:
+        """Stop what the variant started besides the runner (its node source, its workers)."""
 
     # ---- reading ----------------------------------------------------------------------------
     @property
@@ -91,6 +139,16 @@ class Harvester:
     def problem(self) -> Optional[str]:
         """What stopped the harvester, if anything did (shown by /api/health and the pages)."""
         return self.error or (self.runner.error if self.runner else None)
+
+    @property
+    def store_problem(self) -> Optional[dict]:
+        """While store writes fail (kept in memory and retried every flush): why, since when and
+        how many rows wait; None while the store works."""
+        ctl = self.controller
+        if ctl is None or ctl.store_problem is None:
+            return None
+        return {"state": "failing", "detail": ctl.store_problem, "since": ctl.store_failing_since,
+                "unsaved_rows": ctl.unsaved_rows}
 
     @property
     def speed(self) -> float:
@@ -124,11 +182,22 @@ class Harvester:
             raise RuntimeError("the harvester is still loading")
         return runner
 
-    def submit(self, spec: JobSpec, owner: str) -> Job:
-        """Register a job a person asked for; it is in the store when this returns."""
+    def capacity(self) -> int:
+        """The most nodes this harvester can ever offer at once."""
+        ctl = self.controller
+        return len(ctl.node_names or ctl.idle) if ctl is not None else 0
+
+    def submit(self, spec: JobSpec, owner: str, staff: bool = False) -> Job:
+        """Register a job a person asked for; it is in the store when this returns. ValueError
+        ("field: message") for a job that can never run here or an owner over quota."""
         runner = self._live()
         ctl = runner.controller
         with ctl.lock:
+            refused = too_big(spec.min_nodes, self.capacity()) or over_quota(
+                ctl.active_jobs_of(owner),
+                self.user_max_jobs, staff)
+            if refused:
+                raise ValueError(refused)
             job = self._job_from(spec, owner, ctl)
             ctl.submit(job, durable=True)
         runner.publish()

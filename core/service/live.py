@@ -18,6 +18,7 @@ from ..schemas import JobSpec
 from ..slots import Slots
 from ..sources.base import LiveNodeSource
 from ..store import Store
+from ..storelock import StoreLock
 from .base import Capabilities, Harvester, new_job_id
 
 
@@ -25,10 +26,11 @@ class LiveHarvester(Harvester):
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
                  fresh: bool = False, require_command: bool = False,
-                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None) -> None:
+                 jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None,
+                 lock: Optional[StoreLock] = None) -> None:
         """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
         and /metrics."""
-        super().__init__(db, tick_s, fresh)
+        super().__init__(db, tick_s, fresh, lock)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
@@ -46,7 +48,10 @@ class LiveHarvester(Harvester):
         names = self.source.node_names()
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
-        if store.meta("live") is not None:
+        resumed = store.meta("live") is not None
+        last = self._last_life(store, resumed)
+        self.dispatcher.begin_life(last[0] + 1)
+        if resumed:
             ctl = restore(store, self.dispatcher, clock, self.config, names, advisor=advisor, slots=self.slots)
             known = set(ctl.idle)
             for n in known - set(idle):
@@ -57,7 +62,7 @@ class LiveHarvester(Harvester):
         else:
             ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
-        ctl.flush({"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
+        self._begin_life(ctl, last, {"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
 
     def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
@@ -105,7 +110,6 @@ class LiveHarvester(Harvester):
             super().release_node(node)
         self.source.release(node, time.time())
 
-    def close(self) -> None:
-        super().close()
+    def _shutdown(self) -> None:
         self.source.close()
         self.dispatcher.close()

@@ -62,7 +62,9 @@ class ReplayHarvester(Harvester):
         except SettingsError as e:
             raise e.within("replay") from None
         replay.checkpoint()
-        replay.controller.flush({"speed": self._speed})
+        last = self._last_life(replay.controller.store, resumable and not fresh)
+        replay.controller.dispatcher.begin_life(last[0] + 1)
+        self._begin_life(replay.controller, last, {"speed": self._speed})
         self.settings = settings
         self._run(ReplayRunner(replay, self._speed, self.tick_s, first_seq=self._seq + 1))
 

@@ -97,6 +97,10 @@ class SlurmSource(LiveNodeSource):
     def node_names(self) -> list[str]:
         return list(self._names)
 
+    def capacity(self) -> int:
+        """Watched nodes, but never more than the pilots it may hold at once."""
+        return min(len(self.node_names()), self.settings.max_pilots)
+
     def slots_of(self, node: str) -> int:
         """How many ranks (worker processes) the node runs: `settings.slots` when given, else
         one per GPU of its GRES, as Slurm said at start (a GPU node's job runs one rank per

@@ -65,6 +65,10 @@ class LiveNodeSource(ABC):
     def poll(self, now: float) -> list[Event]:
         """Joins and leaves since the last poll (leaves must be acted on before anything else)."""
 
+    def capacity(self) -> int:
+        """The most nodes this source can ever offer at once (a job needing more can never run)."""
+        return len(self.node_names())
+
     def start(self, wake: Optional[Callable[[], None]] = None) -> None:
         """Begin watching. A source that learns of a leave between polls calls `wake()` so that
         the live loop polls it at once instead of at its next tick."""
