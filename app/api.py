@@ -29,6 +29,7 @@ from core.snapshot import BUSY, HELD
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
+from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
 
@@ -60,7 +61,13 @@ def token():
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         return _err(400, "send JSON {\"username\": ..., \"password\": ...}")
-    user = context.users.check(str(body.get("username", "")), str(body.get("password", "")))
+    try:
+        user = context.gate.login(context.users, str(body.get("username", "")), str(body.get("password", "")),
+                                  request.remote_addr or "")
+    except Refused as e:
+        resp = _err(e.status, str(e))
+        resp.headers["Retry-After"] = str(e.retry_after)
+        return resp
     if user is None:
         return _err(401, "wrong user name or password")
     return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",

@@ -14,6 +14,7 @@ from core.service import Harvester
 from .auth import Tokens, User, Users
 from .grid import CellCache
 from .queries import History
+from .signin import Gate
 
 BOOT = secrets.token_hex(4)   # tells a browser's cached grid apart from another process's
 
@@ -22,6 +23,7 @@ users: Optional[Users] = None
 tokens: Optional[Tokens] = None
 history: Optional[History] = None
 cells = CellCache()
+gate = Gate()
 
 
 def current_user() -> Optional[User]:
@@ -30,3 +32,10 @@ def current_user() -> Optional[User]:
     if auth.startswith("Bearer "):
         return tokens.user_of(auth[7:].strip(), users)
     return users.get(flask.session.get("user"))
+
+
+def start_session(user: User) -> None:
+    """Log this browser in as `user`."""
+    flask.session.clear()
+    flask.session["user"] = user.name
+    flask.session.permanent = True

@@ -12,12 +12,13 @@ from core.service import Harvester
 from . import context, ids
 from .auth import Tokens, Users, secret_key
 from .queries import History
+from .webconfig import WebConfig
 
 HERE = Path(__file__).resolve().parent
 UPDATE_MS = 1000
 
 
-def create_app(harvester: Harvester, users: Users) -> dash.Dash:
+def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig()) -> dash.Dash:
     context.harvester = harvester
     context.users = users
     key = secret_key(harvester.db)
@@ -29,11 +30,14 @@ def create_app(harvester: Harvester, users: Users) -> dash.Dash:
     server = app.server
     server.secret_key = key
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
-                         MAX_CONTENT_LENGTH=1 << 20)
+                         SESSION_COOKIE_SECURE=web.secure_cookies,
+                         MAX_CONTENT_LENGTH=web.max_body_bytes)
     app.layout = shell
-    from . import api, metrics
+    from . import api, metrics, security, session
+    security.protect(app)
     api.register(server)
     metrics.register(server)
+    session.register(app)
     return app
 
 
@@ -58,7 +62,8 @@ def nav_user(_path):
     if user is None:
         return dcc.Link("Log in", href="/login", className="nav-link")
     return [html.Span(f"{user.name} ({user.role})"), " ",
-            dcc.Link("Log out", href="/login?logout=1", className="nav-link")]
+            html.Form(html.Button("Log out", id=ids.LOGOUT, type="submit", className="nav-link link-button"),
+                      method="post", action="/logout", className="inline-form")]
 
 
 @dash.callback(Output(ids.STATUS_BAR, "children"), Input(ids.TICK, "n_intervals"))
