@@ -206,7 +206,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         users = Users.load(args.users)
         password = None
         if users is None:
-            users, password = Users.demo()
+            users, password = Users.demo(args.db, fresh=args.fresh)
         harvester = build(settings)
         harvester.open()
     except SettingsError as e:

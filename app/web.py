@@ -10,7 +10,7 @@ from dash import Input, Output, dcc, html
 from core.service import Harvester
 
 from . import context, ids
-from .auth import Tokens, Users, secret_key
+from .auth import TOKEN_TTL_S, Tokens, Users, secret_key
 from .queries import History
 from .webconfig import WebConfig
 
@@ -23,6 +23,7 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
     context.users = users
     key = secret_key(harvester.db)
     context.tokens = Tokens(key)
+    context.session_idle_s = web.session_idle_s
     context.history = History(harvester.db)
     app = dash.Dash(__name__, use_pages=True, pages_folder=str(HERE / "pages"),
                     assets_folder=str(HERE.parent / "assets"), title="Idle-node harvester",
@@ -30,6 +31,7 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
     server = app.server
     server.secret_key = key
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+                         PERMANENT_SESSION_LIFETIME=TOKEN_TTL_S, SESSION_REFRESH_EACH_REQUEST=False,
                          SESSION_COOKIE_SECURE=web.secure_cookies,
                          MAX_CONTENT_LENGTH=web.max_body_bytes)
     app.layout = shell
