@@ -1,9 +1,16 @@
 """Numbers and times as the pages print them."""
 from __future__ import annotations
 
+import html
 import math
 import time
 from typing import Optional
+
+
+def plotly_text(text: str) -> str:
+    """`text` as Plotly shows it literally: Plotly renders tags (<b>, <br>, <a href>) in every
+    label, title and hover, so anything a user or a site wrote is escaped before it goes in."""
+    return html.escape(text, quote=False)
 
 
 def sim_time(t: Optional[float]) -> str:

@@ -170,3 +170,29 @@ def test_headers_on_every_response(server, path):
         r = e
     assert all(r.headers.get(h) for h in HEADERS), (path, dict(r.headers))
     assert r.headers["X-Frame-Options"] == "DENY" and r.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_a_job_name_with_tags_shows_the_tags_in_the_grids_hover(server, staff):
+    name = "<b>x</b> & <br>y"
+    job = server.request("POST", "/api/jobs", {"name": name, "min_nodes": 1, "max_nodes": 4, "priority": 100,
+                                               "total_samples": 1e12, "curve": "1:1000, 4:4000"},
+                         token=server.token("alice"))[1]["id"]
+    page = staff.page
+    page.goto(server.url + "/")
+    cell = wait(lambda: page.evaluate(
+        "(job) => { const g = document.querySelector('#grid .js-plotly-plot');"
+        " if (!g || !g.data || !g.data[0].text) return null;"
+        " const t = g.data[0].text; for (let r = 0; r < t.length; r++) for (let c = 0; c < t[r].length; c++)"
+        "   if (t[r][c] && t[r][c].includes(job)) return [r, c]; return null; }", job), 15.0)
+    x, y = page.evaluate(
+        "([r, c]) => { const g = document.querySelector('#grid .js-plotly-plot'), L = g._fullLayout,"
+        " box = g.getBoundingClientRect(), xs = g.data[0].x, ys = g.data[0].y;"
+        " return [box.left + L._size.l + L.xaxis.d2p(xs ? xs[c] : c), box.top + L._size.t + L.yaxis.d2p(ys ? ys[r] : r)]; }",
+        cell)
+    page.mouse.move(x, y)
+    page.wait_for_selector("#grid .hoverlayer .hovertext", timeout=5_000)
+    shown = page.evaluate("() => document.querySelector('#grid .hoverlayer .hovertext').textContent")
+    assert name in shown, shown
+    assert page.locator("#grid .hoverlayer .hovertext tspan[style*='bold']").count() <= 1   # the node name only
+    page.screenshot(path=str(SHOTS / "hover-escaped.png"))
+    server.request("DELETE", f"/api/jobs/{job}", token=server.token("alice"))
