@@ -3,6 +3,7 @@
 model as the web form.
 
     POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
+    GET    /api/openapi.json   this API as OpenAPI 3.1 (app/openapi.py)
     GET    /api/health
     GET    /api/cluster        [?nodes=0 to leave out the per-node list]; each node with its slots (GPUs)
     GET    /api/jobs           [?state=running&owner=alice]; each with the profiler's confidence and
@@ -29,6 +30,7 @@ from core.snapshot import BUSY, HELD
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
+from .openapi import document as api_document
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -72,6 +74,11 @@ def token():
         return _err(401, "wrong user name or password")
     return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",
                     "expires_in": TOKEN_TTL_S, "user": user.name, "role": user.role})
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(api_document())
 
 
 @bp.get("/health")
