@@ -16,6 +16,7 @@ from .auth import Tokens, User, Users, holder
 from .grid import CellCache
 from .queries import History
 from .signin import Gate
+from .webconfig import WebConfig
 
 BOOT = secrets.token_hex(4)   # tells a browser's cached grid apart from another process's
 
@@ -25,7 +26,7 @@ tokens: Optional[Tokens] = None
 history: Optional[History] = None
 cells = CellCache()
 gate = Gate()
-session_idle_s: float = 8 * 3600
+session_idle_s: float = WebConfig.session_idle_s
 
 
 def current_user() -> Optional[User]:

@@ -12,6 +12,11 @@ from . import context
 from .signin import Refused
 
 
+def sentence(text: str) -> str:
+    """The API's lower-case message as the page's sentence."""
+    return text[:1].upper() + text[1:] + "."
+
+
 def register(app: dash.Dash) -> None:
     server = app.server
 
@@ -28,7 +33,7 @@ def register(app: dash.Dash) -> None:
             user = context.gate.login(context.users, form.get("username", "").strip(), form.get("password", ""),
                                       flask.request.remote_addr or "")
         except Refused as e:
-            return page(e.status, f"{str(e)[0].upper()}{str(e)[1:]}.", **{"Retry-After": str(e.retry_after)})
+            return page(e.status, sentence(str(e)), **{"Retry-After": str(e.retry_after)})
         if user is None:
             return page(401, "Wrong user name or password.")
         context.start_session(user)

@@ -196,3 +196,21 @@ def test_a_job_name_with_tags_shows_the_tags_in_the_grids_hover(server, staff):
     assert page.locator("#grid .hoverlayer .hovertext tspan[style*='bold']").count() <= 1   # the node name only
     page.screenshot(path=str(SHOTS / "hover-escaped.png"))
     server.request("DELETE", f"/api/jobs/{job}", token=server.token("alice"))
+
+
+def test_a_throttled_login_says_when_to_try_again(server, browser):
+    ctx = browser.new_context(viewport={"width": 1000, "height": 500})
+    page = ctx.new_page()
+    statuses = []
+    page.on("response", lambda r: statuses.append(r.status) if r.url.endswith("/login") and
+            r.request.method == "POST" else None)
+    for _ in range(6):
+        page.goto(server.url + "/login")
+        page.fill("#login-user", "bob")
+        page.fill("#login-password", "not-bob's-password")
+        page.click("#login-submit")
+        page.wait_for_function("() => document.querySelector('#login-result')?.innerText", timeout=10_000)
+    assert statuses == [401] * 5 + [429], statuses
+    assert re.search(r"Too many failed logins; try again in \d+ s\.", page.inner_text("#login-result"))
+    page.screenshot(path=str(SHOTS / "login-throttled.png"))
+    ctx.close()

@@ -70,6 +70,11 @@ def test_the_form_says_why_in_the_page(app):
     assert "session=" in headers.get("Set-Cookie", "")
     status, _, body = form_login(app, "staff1", "nope", "127.0.0.5")
     assert status == 401 and "<div id=\"react-entry-point\">" in body     # the dashboard, showing /login
+    # another site cannot log a browser in (login CSRF): refused before the password is looked at
+    status, headers, body = post(app, "/login", urllib.parse.urlencode(
+        {"username": "staff1", "password": password("staff1")}).encode(),
+        "application/x-www-form-urlencoded", "127.0.0.5", {"Origin": "http://127.0.0.1:1"})
+    assert status == 403 and "Set-Cookie" not in headers, body[:300]
 
 
 def test_one_address_trying_many_names_is_throttled_too(app):
