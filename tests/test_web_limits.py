@@ -78,3 +78,16 @@ def test_an_idle_connection_is_closed(app):
         t0 = time.monotonic()
         assert s.recv(1) == b""            # closed by the server, nothing sent
         assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("args, words", [(["--threads", "0"], "--threads: must be at least 1"),
+                                         (["--connection-limit", "-5"], "--connection-limit: must be at least 1"),
+                                         (["--session-idle", "0"], "--session-idle: must be positive")])
+def test_bad_web_options_are_refused_by_name(tmp_path, args, words):
+    import subprocess
+    import sys
+    from tests.support.server import ROOT
+    r = subprocess.run([sys.executable, "-m", "app", "--db", str(tmp_path / "h.db"), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and words in r.stderr, r.stderr[-500:]
+    assert not (tmp_path / "h.db").exists()
