@@ -23,6 +23,7 @@ from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_O
 
 from . import slurm_options
 from .auth import Users, stored_key
+from .webconfig import WebConfig
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
@@ -105,7 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"queued plus running jobs one user may have; staff are exempt (default "
                          f"{DEFAULT_USER_MAX_JOBS}; 0: no limit)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
-    ap.add_argument("--threads", type=int, default=8, help="web server threads")
+    web = ap.add_argument_group("web server")
+    web.add_argument("--threads", type=int, default=WebConfig.threads,
+                     help=f"web server threads (default {WebConfig.threads})")
+    web.add_argument("--connection-limit", type=int, default=WebConfig.connection_limit,
+                     help=f"open connections at once (default {WebConfig.connection_limit})")
+    web.add_argument("--channel-timeout", type=int, default=WebConfig.channel_timeout_s, metavar="S",
+                     help=f"seconds an idle connection stays open (default {WebConfig.channel_timeout_s})")
+    web.add_argument("--session-idle", type=float, default=WebConfig.session_idle_s, metavar="S",
+                     help=f"seconds a browser login lasts unused (default {WebConfig.session_idle_s:g})")
+    web.add_argument("--secure-cookies", action="store_true",
+                     help="send the login cookie over HTTPS only (a site behind TLS)")
     slurm_options.add_options(ap)
     return ap
 
@@ -187,16 +198,28 @@ def flag(path: str) -> str:
     return "--" + name.replace("_", "-") if name else path
 
 
+def web_config(args) -> WebConfig:
+    """The web server options, checked; raises ValueError naming the option."""
+    for name, low in (("threads", 1), ("connection_limit", 1), ("channel_timeout", 1)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')}: must be at least {low}, not {getattr(args, name)}")
+    if not args.session_idle > 0:
+        raise ValueError(f"--session-idle: must be positive seconds, not {args.session_idle:g}")
+    return WebConfig(secure_cookies=args.secure_cookies, session_idle_s=args.session_idle, threads=args.threads,
+                     connection_limit=args.connection_limit, channel_timeout_s=args.channel_timeout)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
+        web = web_config(args)
         settings = settings_from(args)
         users = Users.load(args.users)
         password = None
         if users is None:
-            users, password = Users.demo()
+            users, password = Users.demo(args.db, fresh=args.fresh)
         stored_key(settings.db)          # refuse an empty or short key before anything starts
         harvester = build(settings)
         harvester.open()
@@ -213,7 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from waitress import serve
 
     from .web import create_app
-    app = create_app(harvester, users)
+    app = create_app(harvester, users, web)
     url = f"http://{args.host}:{args.port}"
     snap = harvester.snapshot
     print(f"dashboard on {url}  ({len(snap.nodes):,} nodes, {harvester.speed:g}x, store {args.db})", flush=True)
@@ -225,7 +248,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
     try:
-        serve(app.server, listen=listen_on(args, settings), threads=args.threads, ident="harvester")
+        serve(app.server, listen=listen_on(args, settings), ident="harvester", **web.waitress())
     except KeyboardInterrupt:
         pass
     finally:

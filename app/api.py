@@ -3,6 +3,7 @@
 model as the web form.
 
     POST   /api/token          {"username", "password"} -> {"token", "expires_in"}
+    GET    /api/openapi.json   this API as OpenAPI 3.1 (app/openapi.py)
     GET    /api/health
     GET    /api/cluster        [?nodes=0 to leave out the per-node list]; each node with its slots (GPUs)
     GET    /api/jobs           [?state=running&owner=alice&limit=1000&offset=0]; each with the profiler's
@@ -32,6 +33,8 @@ from core.snapshot import BUSY, HELD
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
+from .openapi import document as api_document
+from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
 
@@ -63,11 +66,22 @@ def token():
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         return _err(400, "send JSON {\"username\": ..., \"password\": ...}")
-    user = context.users.check(str(body.get("username", "")), str(body.get("password", "")))
+    try:
+        user = context.gate.login(context.users, str(body.get("username", "")), str(body.get("password", "")),
+                                  request.remote_addr or "")
+    except Refused as e:
+        resp = _err(e.status, str(e))
+        resp.headers["Retry-After"] = str(e.retry_after)
+        return resp
     if user is None:
         return _err(401, "wrong user name or password")
     return jsonify({"token": context.tokens.issue(user), "token_type": "Bearer",
                     "expires_in": TOKEN_TTL_S, "user": user.name, "role": user.role})
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(api_document())
 
 
 @bp.get("/health")

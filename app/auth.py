@@ -4,13 +4,20 @@ Users come from a JSON file of hashed passwords (`python -m app.users add NAME`)
 `--users` or `HARVEST_USERS_FILE`, or from `HARVEST_USERS` holding the same JSON. Roles:
 `staff` may pause the harvester and cancel any job, `user` only their own. The web app keeps
 the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
-(signed with the same secret, valid for `TOKEN_TTL_S`).
+(signed with the same secret, valid for `TOKEN_TTL_S`). Both carry a stamp of the user's
+password hash: changing the password (`python -m app.users passwd`) revokes every token and
+logs out every browser of that user. A users file is re-read when it changes.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
 import os
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -21,6 +28,8 @@ from werkzeug.security import check_password_hash, generate_password_hash
 ROLES = ("staff", "user")
 TOKEN_TTL_S = 7 * 24 * 3600
 MIN_KEY_CHARS = 32
+RELOAD_CHECK_S = 1.0          # how often a users file is looked at for changes
+log = logging.getLogger(__name__)
 _DUMMY_HASH = generate_password_hash("not a password")
 
 
@@ -39,9 +48,28 @@ class User:
 
 
 class Users:
-    def __init__(self, users: dict[str, User], source: str) -> None:
+    def __init__(self, users: dict[str, User], source: str, path: Optional[Path] = None) -> None:
         self.users = users
         self.source = source
+        self._path = path
+        self._seen = _file_state(path) if path else None
+        self._next_look = time.monotonic() + RELOAD_CHECK_S
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        """Take in the users file's changes (a new password, a removed user) while running."""
+        if self._path is None or time.monotonic() < self._next_look:
+            return
+        with self._lock:
+            self._next_look = time.monotonic() + RELOAD_CHECK_S
+            state = _file_state(self._path)
+            if state == self._seen:
+                return
+            try:
+                self.users = Users.parse(self._path.read_text(), str(self._path)).users
+            except (OSError, ValueError) as e:
+                log.error("users file not reloaded, the previous users stay: %s", e)
+            self._seen = state
 
     @classmethod
     def parse(cls, text: str, source: str) -> "Users":
@@ -74,18 +102,28 @@ class Users:
         """The configured users, or None when nothing is configured (the demo account case)."""
         path = path or (Path(os.environ["HARVEST_USERS_FILE"]) if os.environ.get("HARVEST_USERS_FILE") else None)
         if path is not None:
-            return cls.parse(Path(path).read_text(), str(path))
+            return cls(cls.parse(Path(path).read_text(), str(path)).users, str(path), Path(path))
         if os.environ.get("HARVEST_USERS"):
             return cls.parse(os.environ["HARVEST_USERS"], "HARVEST_USERS")
         return None
 
     @classmethod
-    def demo(cls) -> tuple["Users", str]:
-        """One staff account with a fresh random password, for `make demo` without a users file."""
-        password = secrets.token_urlsafe(9)
-        return cls({"demo": User("demo", "staff", generate_password_hash(password))}, "demo"), password
+    def demo(cls, db: Path, fresh: bool = False) -> tuple["Users", str]:
+        """One staff account, for `make demo` without a users file. Its password is kept beside
+        the store (`<db>.demo`, 0600) so that it stays the same from one start to the next;
+        `fresh` makes a new one (and so revokes the old one's tokens)."""
+        path = Path(str(db) + ".demo")
+        try:
+            kept = None if fresh else json.loads(path.read_text())
+            password, ph = kept["password"], kept["password_hash"]
+        except (OSError, ValueError, TypeError, KeyError):
+            password = secrets.token_urlsafe(9)
+            ph = generate_password_hash(password)
+            write_private(path, json.dumps({"password": password, "password_hash": ph}))
+        return cls({"demo": User("demo", "staff", ph)}, "demo"), password
 
     def check(self, name: str, password: str) -> Optional[User]:
+        self._refresh()
         user = self.users.get(name or "")
         if user is None:
             check_password_hash(_DUMMY_HASH, password or "")   # same time whether or not the name exists
@@ -93,23 +131,53 @@ class Users:
         return user if check_password_hash(user.password_hash, password or "") else None
 
     def get(self, name: Optional[str]) -> Optional[User]:
+        self._refresh()
         return self.users.get(name) if name else None
+
+
+def _file_state(path: Path) -> Optional[tuple[int, int, int]]:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def password_stamp(secret: str, user: User) -> str:
+    """A short keyed digest of the user's password hash: what a token or a session is bound to."""
+    return hmac.new(secret.encode(), user.password_hash.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def holder(secret: str, users: Users, name: object, stamp: object) -> Optional[User]:
+    """The user `name` if `stamp` matches their password as it is now, else None."""
+    user = users.get(name) if isinstance(name, str) else None
+    if user is None or not isinstance(stamp, str):
+        return None
+    return user if hmac.compare_digest(stamp, password_stamp(secret, user)) else None
 
 
 class Tokens:
     def __init__(self, secret: str, ttl_s: int = TOKEN_TTL_S) -> None:
+        self._secret = secret
         self._s = URLSafeTimedSerializer(secret, salt="api-token")
         self.ttl_s = ttl_s
 
     def issue(self, user: User) -> str:
-        return self._s.dumps({"u": user.name})
+        return self._s.dumps({"u": user.name, "p": password_stamp(self._secret, user)})
+
+    @property
+    def secret(self) -> str:
+        return self._secret
+
+    def stamp(self, user: User) -> str:
+        return password_stamp(self._secret, user)
 
     def user_of(self, token: str, users: Users) -> Optional[User]:
         try:
             data = self._s.loads(token, max_age=self.ttl_s)
         except (BadSignature, SignatureExpired):
             return None
-        return users.get(data.get("u")) if isinstance(data, dict) else None
+        return holder(self._secret, users, data.get("u"), data.get("p")) if isinstance(data, dict) else None
 
 
 def secret_key(db: Path) -> str:
@@ -157,3 +225,19 @@ def _write_key(path: Path, key: str) -> None:
             pass
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text` at once (a crash leaves the old file or the new), readable by
+    this Unix user only."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

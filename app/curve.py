@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .format import duration, si, sim_time
+from .format import duration, plotly_text, si, sim_time
 
 GIVEN_COLOUR, FIT_COLOUR, BAND_COLOUR = "#5e81ac", "#3b5b92", "rgba(94, 129, 172, 0.22)"
 MEASURED_COLOUR, USER_COLOUR, PROBE_COLOUR, NOW_COLOUR, CAP_COLOUR = (
@@ -110,7 +110,7 @@ def learned_figure(job, info: dict, profile: dict) -> dict:
     if probes:
         data.append({"type": "scatter", "mode": "markers", "name": PROBES,
                      "x": [p["nodes"] for p in probes], "y": [_rate_at(profile, p["nodes"]) for p in probes],
-                     "text": [f'{sim_time(p["time"])}<br>{_wrap(p["why"])}' for p in probes],
+                     "text": [f'{sim_time(p["time"])}<br>{_wrap(plotly_text(p["why"]))}' for p in probes],
                      "hovertemplate": "%{x} nodes, probe<br>%{text}<extra></extra>",
                      "marker": {"color": "rgba(0,0,0,0)", "size": 16, "symbol": "circle",
                                 "line": {"width": 2, "color": PROBE_COLOUR}}})

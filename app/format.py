@@ -1,6 +1,7 @@
 """Numbers and times as the pages print them."""
 from __future__ import annotations
 
+import html
 import math
 import time
 from typing import Optional
@@ -8,6 +9,12 @@ from typing import Optional
 
 #: 9999-12-31 23:59:59 UTC: a later time (an ETA at a rate near zero) is printed as "after 9999"
 LAST_TIME = 253402300799.0
+
+
+def plotly_text(text: str) -> str:
+    """`text` as Plotly shows it literally: Plotly renders tags (<b>, <br>, <a href>) in every
+    label, title and hover, so anything a user or a site wrote is escaped before it goes in."""
+    return html.escape(text, quote=False)
 
 
 def sim_time(t: Optional[float]) -> str:

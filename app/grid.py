@@ -22,7 +22,7 @@ from dash import Patch
 
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 
-from .format import extent, gpus
+from .format import extent, gpus, plotly_text
 
 _NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
 
@@ -144,7 +144,7 @@ def _when(t: Optional[float]) -> str:
 
 
 def job_label(snap: Snapshot) -> dict[str, str]:
-    return {j["id"]: (f'{j["name"]} ({j["id"]})' if j["name"] else j["id"]) for j in snap.jobs
+    return {j["id"]: plotly_text(f'{j["name"]} ({j["id"]})' if j["name"] else j["id"]) for j in snap.jobs
             if j["state"] == "running"}
 
 
@@ -174,7 +174,7 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
     for i, (st, job, k) in enumerate(zip(snap.state, snap.job_of, per_node)):
         since = _when(snap.since[i] if snap.since else None)
         if info and info[i]:
-            since += f" · {info[i]}"          # the source's own word on the node (Slurm's state)
+            since += f" · {plotly_text(info[i])}"          # the source's own word on the node (Slurm's state)
         own = node_words[k]
         if st == HELD and job is not None:
             own += job_words.get(job, "")
@@ -227,7 +227,7 @@ def grid_figure(layout: Layout, names: Sequence[str], cells: Cells) -> dict:
     return {
         "data": [{
             "type": "heatmap", "z": z_matrix(layout, cells.codes), "text": text_matrix(layout, cells.text),
-            "customdata": names_matrix(layout, names), "zmin": -0.5, "zmax": N_CODES - 0.5,
+            "customdata": names_matrix(layout, [plotly_text(n) for n in names]), "zmin": -0.5, "zmax": N_CODES - 0.5,
             "colorscale": colourscale(), "showscale": False, "xgap": 1, "ygap": 1,
             "hoverongaps": False,
             "hovertemplate": "<b>%{customdata}</b><br>%{text}<extra></extra>",

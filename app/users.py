@@ -1,58 +1,83 @@
-"""Manage the users file: `python -m app.users add NAME [--role staff|user] [--file users.json]`.
+"""Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`.
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
-its hash is written.
+its hash is written. A running server re-reads the file within a second: `passwd` revokes the
+user's API tokens and logs out their browsers.
 """
 from __future__ import annotations
 
 import argparse
 import getpass
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 from werkzeug.security import generate_password_hash
 
-from .auth import ROLES, Users
+from .auth import ROLES, Users, write_private
+
+MIN_PASSWORD = 8
+
+
+class Refusal(Exception):
+    """A command refused, with the message for the user."""
+
+
+def read_password(from_stdin: bool) -> str:
+    pw = sys.stdin.readline().rstrip("\n") if from_stdin else getpass.getpass()
+    if len(pw) < MIN_PASSWORD:
+        raise Refusal(f"the password needs at least {MIN_PASSWORD} characters")
+    return pw
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        Users.parse(path.read_text(), str(path))
+    except ValueError as e:
+        raise Refusal(str(e))
+    return json.loads(path.read_text())["users"]
+
+
+def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
+    """The users file's rows after the command."""
+    others = [r for r in rows if r["name"] != args.name]
+    mine = next((r for r in rows if r["name"] == args.name), None)
+    if args.cmd == "remove":
+        if mine is None:
+            raise Refusal(f"no user {args.name} in {args.file}")
+        return others
+    if args.cmd == "passwd":
+        if mine is None:
+            raise Refusal(f"no user {args.name} in {args.file}; add them with: python -m app.users add {args.name}")
+        return others + [{**mine, "password_hash": generate_password_hash(read_password(args.password_stdin))}]
+    if not args.name.strip() or not args.name.isprintable():
+        raise Refusal("the name must be printable text")
+    return others + [{"name": args.name, "role": args.role,
+                      "password_hash": generate_password_hash(read_password(args.password_stdin))}]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app.users", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     add = sub.add_parser("add", help="add a user or change their password/role")
-    add.add_argument("name")
     add.add_argument("--role", choices=ROLES, default="user")
-    add.add_argument("--file", type=Path, default=Path("users.json"))
-    add.add_argument("--password-stdin", action="store_true")
+    pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
-    rm.add_argument("name")
-    rm.add_argument("--file", type=Path, default=Path("users.json"))
+    for p in (add, pw, rm):
+        p.add_argument("name")
+        p.add_argument("--file", type=Path, default=Path("users.json"))
+    for p in (add, pw):
+        p.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
     args = ap.parse_args(argv)
-    rows = []
-    if args.file.exists():
-        try:
-            Users.parse(args.file.read_text(), str(args.file))
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        rows = json.loads(args.file.read_text())["users"]
-    rows = [r for r in rows if r["name"] != args.name]
-    if args.cmd == "add":
-        if not args.name.strip() or not args.name.isprintable():
-            print("error: the name must be printable text", file=sys.stderr)
-            return 2
-        pw = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass()
-        if len(pw) < 8:
-            print("error: the password needs at least 8 characters", file=sys.stderr)
-            return 2
-        rows.append({"name": args.name, "role": args.role, "password_hash": generate_password_hash(pw)})
-    tmp = args.file.with_suffix(args.file.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"users": rows}, fh, indent=2)
-    os.replace(tmp, args.file)
+    try:
+        rows = apply(args, read_rows(args.file))
+    except Refusal as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_private(args.file, json.dumps({"users": rows}, indent=2))
     print(f"{args.cmd}: {args.name} ({args.file})")
     return 0
 

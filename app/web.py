@@ -11,18 +11,20 @@ from dash import Input, Output, dcc, html
 from core.service import Harvester
 
 from . import context, ids
-from .auth import Tokens, Users, secret_key
+from .auth import TOKEN_TTL_S, Tokens, Users, secret_key
 from .queries import History
+from .webconfig import WebConfig
 
 HERE = Path(__file__).resolve().parent
 UPDATE_MS = 1000
 
 
-def create_app(harvester: Harvester, users: Users) -> dash.Dash:
+def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig()) -> dash.Dash:
     context.harvester = harvester
     context.users = users
     key = secret_key(harvester.db)
     context.tokens = Tokens(key)
+    context.session_idle_s = web.session_idle_s
     context.history = History(harvester.db)
     app = dash.Dash(__name__, use_pages=True, pages_folder=str(HERE / "pages"),
                     assets_folder=str(HERE.parent / "assets"), title="Idle-node harvester",
@@ -30,13 +32,17 @@ def create_app(harvester: Harvester, users: Users) -> dash.Dash:
     server = app.server
     server.secret_key = key
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
-                         MAX_CONTENT_LENGTH=1 << 20)
+                         PERMANENT_SESSION_LIFETIME=TOKEN_TTL_S, SESSION_REFRESH_EACH_REQUEST=False,
+                         SESSION_COOKIE_SECURE=web.secure_cookies,
+                         MAX_CONTENT_LENGTH=web.max_body_bytes)
     app.layout = shell
-    from . import api, callback_inputs, jsondepth, metrics
+    from . import api, callback_inputs, jsondepth, metrics, security, session
     jsondepth.register(server)          # first: nothing below parses a body nested too deep
+    security.protect(app)
     callback_inputs.register(server)
     api.register(server)
     metrics.register(server)
+    session.register(app)
     return app
 
 
@@ -61,7 +67,8 @@ def nav_user(_path):
     if user is None:
         return dcc.Link("Log in", href="/login", className="nav-link")
     return [html.Span(f"{user.name} ({user.role})"), " ",
-            dcc.Link("Log out", href="/login?logout=1", className="nav-link")]
+            html.Form(html.Button("Log out", id=ids.LOGOUT, type="submit", className="nav-link link-button"),
+                      method="post", action="/logout", className="inline-form")]
 
 
 @dash.callback(Output(ids.STATUS_BAR, "children"), Input(ids.TICK, "n_intervals"))

@@ -242,11 +242,52 @@ class JobSpec(BaseModel):
         return v
 
 
+#: pydantic's error types in a person's words; `{…}` are the error's own limits
+WORDS = {
+    "missing": "is required",
+    "int_parsing": "must be a whole number", "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number", "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "greater_than": "must be more than {gt}", "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}", "less_than_equal": "must be at most {le}",
+    "string_type": "must be text", "string_too_long": "must be at most {max_length} characters",
+    "list_type": "must be a list", "too_long": "must have at most {max_length} items",
+    "extra_forbidden": "is not something a job has",
+    "literal_error": "must be one of {expected}",
+    "model_type": "must be an object", "model_attributes_type": "must be an object", "dict_type": "must be an object",
+}
+
+
+def _worded(e: dict) -> str:
+    """One pydantic error as a person would say it, with the value given where that helps."""
+    ctx, kind = e.get("ctx") or {}, e["type"]
+    if kind == "value_error":
+        return e["msg"].removeprefix("Value error, ")
+    if kind == "string_too_short":
+        return "must not be empty" if ctx.get("min_length") == 1 else f"needs at least {ctx.get('min_length')} characters"
+    if kind == "too_short":
+        return "must not be empty" if ctx.get("min_length") == 1 else f"needs at least {ctx.get('min_length')} items"
+    words = WORDS.get(kind)
+    if words is None:
+        return e["msg"]
+    text = words.format(**{k: (f"{v:g}" if isinstance(v, float) else v) for k, v in ctx.items()})
+    given = e.get("input")
+    if kind.endswith(("_parsing", "_type")) and isinstance(given, (str, int, float)) and len(repr(given)) <= 40:
+        text += f", not {given!r}"
+    return text
+
+
 def field_errors(err: ValidationError) -> dict[str, str]:
-    """Pydantic errors keyed by the top-level field they belong to (what a form shows beside it)."""
+    """Pydantic errors keyed by the top-level field they belong to (what a form shows beside
+    it), worded for a person; a part of a field is named in front ("nodes[1]: ...")."""
     out: dict[str, str] = {}
     for e in err.errors():
-        where = str(e["loc"][0]) if e["loc"] else "form"
-        msg = e["msg"].removeprefix("Value error, ")
-        out.setdefault(where, msg)
+        loc = e["loc"]
+        where = str(loc[0]) if loc else "form"
+        inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:]).lstrip(".")
+        msg = _worded(e)
+        if e["type"] == "extra_forbidden" and len(loc) > 1:
+            inner, msg = "", f"unexpected key {loc[-1]}"
+        out.setdefault(where, f"{inner}: {msg}" if inner else msg)
     return out

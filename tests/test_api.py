@@ -24,7 +24,7 @@ import pytest
 from itsdangerous import TimestampSigner, URLSafeTimedSerializer
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.auth import TOKEN_TTL_S, Users
+from app.auth import TOKEN_TTL_S, Users, password_stamp
 from tests.support.files import write_jobset
 from tests.support.server import ROOT, free_port, password, start_app, write_users
 from tests.support.waiting import wait
@@ -99,12 +99,15 @@ def server_key(app) -> str:
     return os.environ.get("HARVEST_SECRET_KEY") or Path(str(app.db) + ".secret").read_text().strip()
 
 
-def signed_token(key: str, user: str, age_s: float = 0.0) -> str:
-    """A token made the way the server makes them, with `key`, `age_s` seconds old."""
+def signed_token(app, key: str, user: str, age_s: float = 0.0) -> str:
+    """A token made the way the server makes them, with `key`, `age_s` seconds old, bound to the
+    user's password in `app`'s users file (any stamp for a user it does not know)."""
     class Signer(TimestampSigner):
         def get_timestamp(self) -> int:
             return int(time.time() - age_s)
-    return URLSafeTimedSerializer(key, salt="api-token", signer=Signer).dumps({"u": user})
+    known = Users.load(app.db.parent / "users.json").get(user)
+    stamp = password_stamp(key, known) if known else "0" * 16
+    return URLSafeTimedSerializer(key, salt="api-token", signer=Signer).dumps({"u": user, "p": stamp})
 
 
 def metric_families(text: str) -> dict:
@@ -356,9 +359,9 @@ def _bad_tokens(app) -> dict[str, str]:
     return {
         "garbage": "garbage",
         "tampered": good[:-2] + ("AA" if not good.endswith("AA") else "BB"),
-        "other-key": signed_token("not the server's key", "alice"),
-        "unknown-user": signed_token(key, "mallory"),
-        "expired": signed_token(key, "alice", age_s=TOKEN_TTL_S + 3600),
+        "other-key": signed_token(app, "not the server's key", "alice"),
+        "unknown-user": signed_token(app, key, "mallory"),
+        "expired": signed_token(app, key, "alice", age_s=TOKEN_TTL_S + 3600),
     }
 
 
@@ -402,7 +405,7 @@ def test_writes_with_a_bad_token_are_401(app, tokens, kind):
 def test_forging_works_only_with_the_servers_key(app):
     """The control for the test above: a fresh token signed with the server's key is alice's
     (so 'other-key', 'unknown-user' and 'expired' were refused for that reason alone)."""
-    token = signed_token(server_key(app), "alice")
+    token = signed_token(app, server_key(app), "alice")
     status, body = app.request("POST", "/api/replay/pause", token=token)
     assert status == 403, body     # known as alice, who may not pause: not 401
 

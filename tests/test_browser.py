@@ -267,9 +267,9 @@ def test_register_through_form_shows_in_table_and_grid(server, alice):
 # ---- 3. an invalid form stores nothing ---------------------------------------------------------
 INVALID = [
     ("min-above-max", {"min_nodes": 10, "max_nodes": 5}, "max_nodes", "at least min nodes"),
-    ("negative-min", {"min_nodes": -3}, "min_nodes", "greater than or equal to 1"),
-    ("negative-samples", {"total_samples": "-1e6"}, "total_samples", "greater than 0"),
-    ("text-in-min", {"min_nodes": "abc"}, "min_nodes", "integer"),
+    ("negative-min", {"min_nodes": -3}, "min_nodes", "must be at least 1"),
+    ("negative-samples", {"total_samples": "-1e6"}, "total_samples", "must be more than 0"),
+    ("text-in-min", {"min_nodes": "abc"}, "min_nodes", "must be a whole number, not 'abc'"),
     ("text-in-samples", {"total_samples": "abc"}, "total_samples", "number"),
     ("huge-name", {"name": "x" * 10_000}, "name", "at most 100 characters"),
 ]

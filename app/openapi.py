@@ -1,0 +1,130 @@
+"""The REST API described as OpenAPI 3.1 (`GET /api/openapi.json`), its request body generated
+from the same pydantic model that checks the form and the API, so the document cannot drift
+from the rules; the responses are described by hand, as loosely as the clients may rely on."""
+from __future__ import annotations
+
+from typing import Any
+
+from core.schemas import JobSpec
+
+REF = "#/components/schemas/{model}"
+JSON = "application/json"
+
+
+def _job_spec_schemas() -> dict[str, Any]:
+    spec = JobSpec.model_json_schema(ref_template=REF)
+    defs = spec.pop("$defs", {})
+    props = spec["properties"]
+    # the text forms that the model's "before" validators also take
+    props["curve"]["anyOf"].insert(1, {"type": "string", "description": 'nodes:samples/s pairs, "1:1200, 8:9000"'})
+    props["command"]["anyOf"].insert(1, {"type": "string", "description": "split as a shell would split it"})
+    return {"JobSpec": spec, **defs}
+
+
+def _error(description: str) -> dict:
+    return {"description": description, "content": {JSON: {"schema": {"$ref": REF.format(model="Error")}}}}
+
+
+def _retry(description: str) -> dict:
+    return {**_error(description), "headers": {"Retry-After": {"schema": {"type": "integer"},
+                                                               "description": "seconds to wait"}}}
+
+
+def _ok(description: str, model: str, status: str = "200") -> dict:
+    return {status: {"description": description, "content": {JSON: {"schema": {"$ref": REF.format(model=model)}}}}}
+
+
+AUTH_ERRORS = {"401": _error("no login, or a token that is wrong, expired or revoked"),
+               "403": _error("not allowed for this user, or a write from another origin")}
+BAD_BODY = {"400": _error("the body is not the JSON object asked for"),
+            "413": {"description": "the body is over 1 MiB"}}
+
+
+def document(version: str = "1") -> dict:
+    job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    secured = [{"bearer": []}]
+    schemas = {
+        **_job_spec_schemas(),
+        "Error": {"type": "object", "required": ["error"],
+                  "properties": {"error": {"type": "string"},
+                                 "errors": {"type": "object", "additionalProperties": {"type": "string"},
+                                            "description": "one message per field at fault"}}},
+        "Credentials": {"type": "object", "required": ["username", "password"],
+                        "properties": {"username": {"type": "string"}, "password": {"type": "string"}}},
+        "Token": {"type": "object", "required": ["token", "token_type", "expires_in", "user", "role"],
+                  "properties": {"token": {"type": "string"}, "token_type": {"const": "Bearer"},
+                                 "expires_in": {"type": "integer"}, "user": {"type": "string"},
+                                 "role": {"enum": ["staff", "user"]}}},
+        "Job": {"type": "object", "required": ["id", "name", "owner", "state"],
+                "properties": {"id": {"type": "string"}, "name": {"type": "string"}, "owner": {"type": "string"},
+                               "state": {"type": "string"}, "nodes": {"type": ["integer", "null"]},
+                               "ranks": {"type": ["integer", "null"]},
+                               "progress": {"type": ["number", "null"]}}},
+        "JobList": {"type": "object", "required": ["jobs"],
+                    "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
+                                   "count": {"type": "integer"}}},
+        "Health": {"type": "object", "required": ["status"],
+                   "properties": {"status": {"enum": ["ok", "error"]}, "replay": {"type": "string"}}},
+        "Cluster": {"type": "object", "required": ["kpis"],
+                    "properties": {"kpis": {"type": "object"}, "nodes": {"type": "array"}}},
+        "Status": {"type": "object"},
+    }
+    paths = {
+        "/api/token": {"post": {
+            "summary": "a bearer token for a user (7 days, or until the password changes)",
+            "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="Credentials")}}}},
+            "responses": {**_ok("the token", "Token"), **BAD_BODY, "401": _error("wrong user name or password"),
+                          "403": AUTH_ERRORS["403"],
+                          "429": _retry("too many failed logins for this user or address"),
+                          "503": _retry("every password check slot is busy")}}},
+        "/api/health": {"get": {"summary": "is the harvester running",
+                                "responses": {**_ok("running", "Health"),
+                                              "503": {"description": "stopped on an error",
+                                                      "content": {JSON: {"schema": {"$ref": REF.format(model="Health")}}}}}}},
+        "/api/cluster": {"get": {
+            "summary": "KPIs, controller settings and every node",
+            "parameters": [{"name": "nodes", "in": "query", "schema": {"enum": ["0", "1"]},
+                            "description": "0: leave out the per-node list"}],
+            "responses": _ok("the cluster", "Cluster")}},
+        "/api/jobs": {
+            "get": {"summary": "every job", "parameters": [
+                {"name": "state", "in": "query", "schema": {"type": "string"}},
+                {"name": "owner", "in": "query", "schema": {"type": "string"}}],
+                "responses": _ok("the jobs", "JobList")},
+            "post": {"summary": "register a job", "security": secured,
+                     "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
+                     "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
+                                   "422": _error("refused: `errors` says why, per field; nothing stored"),
+                                   "503": _error("the harvester is not running")}}},
+        "/api/jobs/{job_id}": {
+            "parameters": [job_id],
+            "get": {"summary": "one job with its curve and why it holds what it holds",
+                    "responses": {**_ok("the job", "Job"), "404": _error("no such job")}},
+            "delete": {"summary": "cancel a job (its owner, or staff)", "security": secured,
+                       "responses": {**_ok("cancelled", "Job"), **AUTH_ERRORS, "404": _error("no such job"),
+                                     "409": _error("the job has already ended"),
+                                     "503": _error("the harvester is not running")}}},
+        "/api/replay/{command}": {"post": {
+            "summary": "pause, resume, or set the replay's speed (staff)", "security": secured,
+            "parameters": [{"name": "command", "in": "path", "required": True,
+                            "schema": {"enum": ["pause", "resume", "speed"]}}],
+            "requestBody": {"required": False, "content": {JSON: {"schema": {
+                "type": "object", "properties": {"speed": {"type": "number", "minimum": 1, "maximum": 3600}}}}}},
+            "responses": {**_ok("done", "Status"), **BAD_BODY, **AUTH_ERRORS, "404": _error("unknown command"),
+                          "409": _error("not possible on this server (a live one has no speed)"),
+                          "422": _error("a speed out of range"), "503": _error("the harvester is not running")}}},
+        "/api/nodes/{node}/{command}": {"post": {
+            "summary": "take a node back, or give it again (staff, live mode with a static node list)",
+            "security": secured,
+            "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}},
+                           {"name": "command", "in": "path", "required": True,
+                            "schema": {"enum": ["reclaim", "release"]}}],
+            "responses": {**_ok("done", "Status"), **AUTH_ERRORS, "404": _error("no such node or command"),
+                          "409": _error("this server's nodes are not operated by hand")}}},
+    }
+    return {"openapi": "3.1.0",
+            "info": {"title": "Idle-node harvester API", "version": version,
+                     "description": "Reads are open; writes need `Authorization: Bearer <token from POST /api/token>`."},
+            "paths": paths,
+            "components": {"schemas": schemas,
+                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}}

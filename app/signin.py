@@ -1,0 +1,59 @@
+"""The one way to log in, shared by the form (`POST /login`) and the API (`POST /api/token`).
+
+Failed attempts are throttled per user name and per client address, and password hashing (a
+32 MiB scrypt for werkzeug's default hashes) runs in a few slots only, so that guesses, however
+parallel, neither go fast nor occupy every server thread.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .auth import User, Users
+from .throttle import FailureWindow, Limit
+
+
+@dataclass(frozen=True)
+class LoginPolicy:
+    per_user: Limit = field(default_factory=lambda: Limit(5, 60.0))
+    per_address: Limit = field(default_factory=lambda: Limit(20, 60.0))
+    hashing_slots: int = 2        # password checks at once; the other threads stay free
+    hashing_wait_s: float = 2.0   # how long a login waits for a slot before "busy, retry"
+
+
+class Refused(Exception):
+    """A login not even checked: `status` 429 (throttled) or 503 (hashing slots busy)."""
+
+    def __init__(self, status: int, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = max(1, math.ceil(retry_after_s))
+
+
+class Gate:
+    def __init__(self, policy: LoginPolicy = LoginPolicy()) -> None:
+        self.policy = policy
+        self._users = FailureWindow(policy.per_user)
+        self._addresses = FailureWindow(policy.per_address)
+        self._slots = threading.BoundedSemaphore(policy.hashing_slots)
+
+    def login(self, users: Users, name: str, password: str, address: str) -> Optional[User]:
+        """The user, None for a wrong name or password; raises Refused when throttled or busy."""
+        ukey, akey = f"user:{name}", f"addr:{address}"
+        wait = max(self._users.wait_s(ukey), self._addresses.wait_s(akey))
+        if wait > 0:
+            raise Refused(429, wait, f"too many failed logins; try again in {math.ceil(wait)} s")
+        if not self._slots.acquire(timeout=self.policy.hashing_wait_s):
+            raise Refused(503, 1, "too many logins at once; try again in a second")
+        try:
+            user = users.check(name, password)
+        finally:
+            self._slots.release()
+        if user is None:
+            self._users.fail(ukey)
+            self._addresses.fail(akey)
+        else:
+            self._users.clear(ukey)
+        return user

@@ -1,0 +1,25 @@
+"""How the web tier is sized and hardened: one place for the settings `python -m app` passes to
+Flask (cookies, sessions) and to waitress (threads, connections, body size, timeouts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 1 << 20      # the largest request body: a job spec or a worker report is far smaller
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    secure_cookies: bool = False          # the session cookie only over HTTPS (a site behind TLS)
+    session_idle_s: float = 8 * 3600      # a browser session unused this long is logged out
+    threads: int = 8                      # waitress worker threads
+    connection_limit: int = 200           # open connections at once, idle ones included
+    channel_timeout_s: int = 30           # an idle connection is closed after this long
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def waitress(self) -> dict:
+        """waitress.serve's keyword arguments. A body over the limit is refused (413) from its
+        Content-Length, before any of it is read or spooled to disk."""
+        return {"threads": self.threads, "connection_limit": self.connection_limit,
+                "channel_timeout": self.channel_timeout_s,
+                "max_request_body_size": self.max_body_bytes + 1,      # waitress refuses from its limit on
+                "max_request_header_size": 64 * 1024, "cleanup_interval": min(30, self.channel_timeout_s)}
