@@ -33,7 +33,7 @@ from core.snapshot import BUSY, HELD
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
-from .openapi import document as api_document
+from .openapi import PAGE_DEFAULT, PAGE_MAX, document as api_document
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -116,9 +116,6 @@ def cluster():
         for row, info in zip(body["nodes"], snap.node_info):
             row["source"] = info
     return jsonify(body)
-
-
-PAGE_DEFAULT, PAGE_MAX = 1000, 10000
 
 
 def _whole_arg(name: str, default: int, top: int):

@@ -7,6 +7,8 @@ from typing import Any
 
 from core.schemas import JobSpec
 
+PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
+
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
 
@@ -62,9 +64,13 @@ def document(version: str = "1") -> dict:
                                "progress": {"type": ["number", "null"]}}},
         "JobList": {"type": "object", "required": ["jobs"],
                     "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
-                                   "count": {"type": "integer"}}},
+                                   "count": {"type": "integer"}, "total": {"type": "integer"},
+                                   "offset": {"type": "integer"}, "limit": {"type": "integer"},
+                                   "next": {"type": ["string", "null"],
+                                            "description": "the next page's URL, null on the last"}}},
         "Health": {"type": "object", "required": ["status"],
-                   "properties": {"status": {"enum": ["ok", "error"]}, "replay": {"type": "string"}}},
+                   "properties": {"status": {"enum": ["ok", "error", "store failing"]}, "replay": {"type": "string"},
+                                  "store": {"type": "object", "description": "present while the store is failing"}}},
         "Cluster": {"type": "object", "required": ["kpis"],
                     "properties": {"kpis": {"type": "object"}, "nodes": {"type": "array"}}},
         "Status": {"type": "object"},
@@ -79,7 +85,7 @@ def document(version: str = "1") -> dict:
                           "503": _retry("every password check slot is busy")}}},
         "/api/health": {"get": {"summary": "is the harvester running",
                                 "responses": {**_ok("running", "Health"),
-                                              "503": {"description": "stopped on an error",
+                                              "503": {"description": "stopped on an error, or the store is failing",
                                                       "content": {JSON: {"schema": {"$ref": REF.format(model="Health")}}}}}}},
         "/api/cluster": {"get": {
             "summary": "KPIs, controller settings and every node",
@@ -89,13 +95,18 @@ def document(version: str = "1") -> dict:
         "/api/jobs": {
             "get": {"summary": "every job", "parameters": [
                 {"name": "state", "in": "query", "schema": {"type": "string"}},
-                {"name": "owner", "in": "query", "schema": {"type": "string"}}],
-                "responses": _ok("the jobs", "JobList")},
+                {"name": "owner", "in": "query", "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": PAGE_MAX},
+                 "description": f"jobs per page (default {PAGE_DEFAULT})"},
+                {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
+                "responses": {**_ok("the jobs, a page at a time", "JobList"),
+                              "400": _error("limit or offset is not a whole number in range")}},
             "post": {"summary": "register a job", "security": secured,
                      "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
-                                   "422": _error("refused: `errors` says why, per field; nothing stored"),
-                                   "503": _error("the harvester is not running")}}},
+                                   "422": _error("refused: `errors` says why, per field (a job too large for "
+                                                 "this site, or too many jobs of this user); nothing stored"),
+                                   "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}": {
             "parameters": [job_id],
             "get": {"summary": "one job with its curve and why it holds what it holds",

@@ -36,8 +36,9 @@ def _routes() -> list[tuple[str, str]]:
     """(method, path) of every route of the app, placeholders filled in."""
     from core.service.base import Harvester
     from app.web import create_app
-    users, _ = Users.demo()
-    server = create_app(Harvester(Path(tempfile.mkdtemp()) / "x.db", 0.5), users).server
+    db = Path(tempfile.mkdtemp()) / "x.db"
+    users, _ = Users.demo(db)
+    server = create_app(Harvester(db, 0.5), users).server
     out = []
     for rule in server.url_map.iter_rules():
         path = re.sub(r"<(?:[^:>]+:)?([^>]+)>", "x", rule.rule)
