@@ -140,3 +140,104 @@ def test_speed_control_snaps_and_takes_a_number(server, staff):
     staff.click("#rp-apply-speed")
     staff.wait_for_function(f"() => document.querySelector('#rp-result')?.innerText?.includes('{SPEED}x')",
                             timeout=10_000)
+
+
+# ---- item 3: charts that read at a glance --------------------------------------------------------
+FAST_CURVE = "1:100000, 64:6400000"
+
+
+def plot_js(graph: str, expr: str) -> str:
+    return f"(() => {{ const g = document.querySelector('#{graph} .js-plotly-plot'); return g ? {expr} : null; }})()"
+
+
+def test_queued_job_page_says_no_data_yet(server, staff):
+    """A job that has not run has no history: its charts say so instead of drawing default axes
+    (which on a date axis run over the year 2000)."""
+    staff_token = server.token("staff1")
+    assert server.request("POST", "/api/replay/pause", {}, token=staff_token)[0] == 200
+    try:
+        status, job = server.request("POST", "/api/jobs", {
+            "name": "visitor-queued", "min_nodes": 1, "max_nodes": 8, "total_samples": 1e9, "curve": FAST_CURVE},
+            token=server.token("alice"))
+        assert status == 201 and job["state"] == "queued", job
+        staff.goto(f"{server.url}/jobs/{job['id']}")
+        for graph in ("job-nodes", "job-progress"):
+            staff.wait_for_function(plot_js(graph, "(g.layout.annotations || []).some(a => a.text.startsWith('no data yet'))"),
+                                    timeout=15_000)
+            assert staff.evaluate(plot_js(graph, "g.layout.xaxis.visible === false && g.layout.yaxis.visible === false"))
+            assert staff.locator(f"#{graph} .xtick").count() == 0, f"{graph} draws default axes"
+            assert "no data yet" in staff.inner_text(f"#{graph}")
+        assert "2000" not in staff.inner_text("#job-nodes")
+        shoot(staff, "job-queued")
+    finally:
+        assert server.request("POST", "/api/replay/resume", {}, token=staff_token)[0] == 200
+
+
+def wait_running(server, timeout: float = 90) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = server.get("/api/jobs?state=running")
+        running = [j for j in body["jobs"] if j["nodes"] > 0]
+        if len(running) >= 2:
+            return running
+        time.sleep(1)
+    raise AssertionError(f"no two jobs running on nodes within {timeout} s")
+
+
+def test_cluster_and_allocator_charts_read_at_a_glance(server, staff):
+    running = wait_running(server)
+    staff.goto(server.url + "/")
+    staff.wait_for_function(plot_js("timeline-nodes", "g.data[0].x.length > 1 && g.layout.xaxis.visible !== false"),
+                            timeout=20_000)
+    assert staff.evaluate(plot_js("timeline-nodes", "g.layout.xaxis.title.text")) == "simulated time (UTC)"
+    assert staff.evaluate(plot_js("timeline-nodes", "g.layout.yaxis.title.text")) == "nodes"
+    assert staff.evaluate(plot_js("timeline-nodes", "Number.isInteger(g.layout.yaxis.dtick)"))
+    assert staff.evaluate(plot_js("timeline-rate", "g.layout.yaxis.title.text")) == "samples/s"
+    staff.wait_for_function("() => document.querySelectorAll('#legend a').length >= 2", timeout=15_000)
+    legend = staff.inner_text("#legend")
+    assert any(f'{j["id"]} {j["name"]} · ' in legend for j in running), legend
+    time.sleep(1)
+    shoot(staff, "cluster")
+
+    staff.goto(server.url + "/allocator")
+    staff.wait_for_function(plot_js("solve-hist", "g.data.length > 0 && g.data[0].y.length > 0"), timeout=15_000)
+    assert staff.evaluate(plot_js("solve-hist", "g.layout.yaxis.type")) in (None, "linear", "-")
+    assert staff.evaluate(plot_js("solve-hist", "Number.isInteger(g.layout.yaxis.dtick)"))
+    assert staff.evaluate(plot_js("solve-hist", "g.layout.xaxis.title.text")) == "solve time (ms)"
+    shoot(staff, "allocator")
+
+
+# ---- item 4: the jobs page opens on running jobs --------------------------------------------------
+def test_jobs_page_opens_on_running_jobs_with_the_form_in_view(server, staff):
+    wait_running(server)
+    staff.goto(server.url + "/jobs")
+    staff.wait_for_function("() => document.querySelectorAll('#jobs-table tbody tr td').length > 5", timeout=15_000)
+    time.sleep(1.5)
+    state_col = staff.evaluate("""() => [...document.querySelectorAll('#jobs-table th')]
+                                   .findIndex(th => th.innerText.trim().startsWith('state'))""")
+    rows = staff.evaluate(f"""() => [...document.querySelectorAll('#jobs-table tbody tr')]
+                              .map(tr => tr.querySelectorAll('td')[{state_col}]?.innerText?.trim()).filter(Boolean)""")
+    assert rows and rows[0] == "running", rows
+    seen = [STATE for STATE in rows]
+    assert seen == sorted(seen, key=lambda s: {"running": 0, "queued": 1}.get(s, 2)), seen
+    box = staff.locator("#job-form-name").bounding_box()
+    assert box is not None and box["y"] + box["height"] <= VIEWPORT["height"], f"the form is below the fold: {box}"
+    assert not staff.locator("#job-form-command").is_visible(), "a replay's form shows the live-only Command field"
+    shoot(staff, "jobs")
+
+
+# ---- item 0, last: a confirmed new run replaces the run, and the page says when it is running ------
+def test_confirmed_new_run_starts_and_the_loading_line_clears(server, staff):
+    open_replay(staff, server)
+    staff.fill("#rp-hours", "1")
+    staff.fill("#rp-nodes", "300")
+    staff.accept_dialogs = True
+    try:
+        staff.click("#rp-new")
+        staff.wait_for_function(
+            "() => (document.querySelector('#rp-result')?.innerText || '').includes('The new run is running')",
+            timeout=60_000)
+    finally:
+        staff.accept_dialogs = False
+    assert health(server)["nodes"] == 300
+    assert "Loading" not in staff.inner_text("#rp-result")

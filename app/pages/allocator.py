@@ -7,6 +7,7 @@ import dash
 from dash import Input, Output, dash_table, dcc, html, no_update
 
 from app import context, ids
+from app.charts import MARGIN, count_axis, empty_figure, histogram
 from app.format import sim_time
 
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
@@ -58,12 +59,20 @@ def update(n):
              "objective": f'{r["objective"]:,.0f}' if r["objective"] is not None else "–",
              "size": f'{r["jobs"]} × {r["nodes"]}', "solve_ms": round(r["solve_ms"], 2)}
             for r in hist.solver_runs(20)]
-    times = hist.solve_times()
-    fig = {"data": [{"type": "histogram", "x": times, "nbinsx": 40, "marker": {"color": "#5e81ac"}}],
-           "layout": {"title": {"text": f"Solve time, last {len(times):,} runs (ms)", "font": {"size": 13}},
-                      "height": 260, "margin": {"l": 45, "r": 10, "t": 30, "b": 35},
-                      "yaxis": {"type": "log", "title": {"text": "runs"}}}}
-    return decisions, runs, fig
+    return decisions, runs, solve_figure(hist.solve_times())
+
+
+def solve_figure(times: list[float]) -> dict:
+    """How long the solver takes: whole runs per bin of solve time, on linear axes."""
+    if not times:
+        return empty_figure("Solve time", height=260)
+    centres, counts, width = histogram(times)
+    return {"data": [{"type": "bar", "x": centres, "y": counts, "width": width, "marker": {"color": "#5e81ac"},
+                      "hovertemplate": "%{y} runs near %{x:.2f} ms<extra></extra>"}],
+            "layout": {"title": {"text": f"Solve time, last {len(times):,} runs", "font": {"size": 13}},
+                       "height": 260, "margin": MARGIN, "bargap": 0.05,
+                       "xaxis": {"title": {"text": "solve time (ms)"}, "rangemode": "tozero"},
+                       "yaxis": count_axis("solver runs", max(counts))}}
 
 
 @dash.callback(Output(ids.EVENT_LOG, "data"), Output(ids.EVENT_LOG, "page_count"),

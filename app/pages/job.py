@@ -9,6 +9,7 @@ from core.explain import why
 from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
+from app.charts import LIVE_TIME_AXIS, MARGIN, TIME_AXIS, count_axis, empty_figure
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
 from app.format import duration, extent, finite, si, sim_time
 
@@ -100,8 +101,10 @@ def update_job(n, job_id):
     events = job_log(hist.job_events(job_id), allocs)
     measured = hist.job_curve_points(job_id) if profile is None else []
     shown = {} if profile is not None else hidden
+    axis = TIME_AXIS if h.capabilities.can_set_speed else LIVE_TIME_AXIS
     return (head, line, curve_figure(job, info, measured, profile),
-            nodes_figure(allocs, snap.time, info), progress_figure(thr, snap.time, info, job.total_samples),
+            nodes_figure(allocs, snap.time, info, axis),
+            progress_figure(thr, snap.time, info, job.total_samples, axis),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
             probe_rows(profile), shown, probes_title(profile))
 
@@ -125,34 +128,40 @@ def _fact(k: str, v: str, id_: str = "") -> html.Div:
 
 
 def _empty():
-    return {"data": [], "layout": {"height": 280}}
+    return empty_figure("")
 
 
-def nodes_figure(allocs, now, info) -> dict:
+def _not_yet(info) -> str:
+    return "no data yet: the job is waiting in the queue" if info["state"] == "queued" else "no data yet"
+
+
+def nodes_figure(allocs, now, info, axis=TIME_AXIS) -> dict:
     xs, ys = [], []
     for a in allocs:
         xs.append(a["time"] * 1000)
         ys.append(a["to_nodes"])
-    if xs:
-        xs.append(now * 1000)
-        ys.append(info["nodes"])
-    return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"shape": "hv", "color": "#2ca02c"},
+    if not xs:
+        return empty_figure("Nodes over time", _not_yet(info))
+    xs.append(now * 1000)
+    ys.append(info["nodes"])
+    return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"shape": "hv", "color": "#3cb44b"},
                       "fill": "tozeroy", "name": "nodes"}],
             "layout": {"title": {"text": "Nodes over time", "font": {"size": 13}}, "height": 280,
-                       "margin": {"l": 45, "r": 10, "t": 30, "b": 40}, "xaxis": {"type": "date"}}}
+                       "margin": MARGIN, "xaxis": axis, "yaxis": count_axis("nodes", max(ys))}}
 
 
-def progress_figure(thr, now, info, total) -> dict:
+def progress_figure(thr, now, info, total, axis=TIME_AXIS) -> dict:
     xs = [t["time"] * 1000 for t in thr if t["samples_done"] is not None]
     ys = [100 * t["samples_done"] / total for t in thr if t["samples_done"] is not None]
-    if xs:
-        xs.append(now * 1000)
-        ys.append(100 * info["progress"])
+    if not xs:
+        return empty_figure("Progress", _not_yet(info))
+    xs.append(now * 1000)
+    ys.append(100 * info["progress"])
     return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"color": "#d62728"},
                       "name": "progress"}],
-            "layout": {"title": {"text": "Progress (%)", "font": {"size": 13}}, "height": 280,
-                       "margin": {"l": 45, "r": 10, "t": 30, "b": 40}, "xaxis": {"type": "date"},
-                       "yaxis": {"range": [0, 100]}}}
+            "layout": {"title": {"text": "Progress", "font": {"size": 13}}, "height": 280,
+                       "margin": MARGIN, "xaxis": axis,
+                       "yaxis": {"range": [0, 100], "title": {"text": "% of its samples done"}}}}
 
 
 @dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL, "n_clicks"),
