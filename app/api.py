@@ -21,7 +21,7 @@ from flask import jsonify, request
 from pydantic import ValidationError
 
 from core.explain import why
-from core.model import LAUNCHER_TORCHRUN
+from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
 from core.snapshot import BUSY, HELD
@@ -31,6 +31,7 @@ from .auth import TOKEN_TTL_S
 from .format import finite
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
+JOB_STATES = tuple(s.value for s in JobState)
 
 
 def _err(status: int, message: str, **extra):
@@ -72,7 +73,9 @@ def health():
     h = context.harvester
     snap = h.snapshot
     ok = snap.status != "error" and h.problem is None
-    body = {"status": "ok" if ok else "error", "replay": snap.status, "time": snap.time, "seq": snap.seq,
+    replay = h.capabilities.can_restart
+    body = {"status": "ok" if ok else "error", "mode": "replay" if replay else "live",
+            ("replay" if replay else "harvester"): snap.status, "time": snap.time, "seq": snap.seq,
             "nodes": len(snap.nodes), "jobs": len(snap.jobs), "error": h.problem}
     if snap.source_status:
         body["source"] = snap.source_status     # a stale source is shown, not an outage
@@ -100,6 +103,8 @@ def cluster():
 def jobs():
     snap = context.harvester.snapshot
     state, owner = request.args.get("state"), request.args.get("owner")
+    if state and state not in JOB_STATES:
+        return _err(422, f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}", states=list(JOB_STATES))
     out = [_job_json(j) for j in snap.jobs
            if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
     return jsonify({"jobs": out, "count": len(out)})

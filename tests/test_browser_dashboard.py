@@ -226,6 +226,87 @@ def test_jobs_page_opens_on_running_jobs_with_the_form_in_view(server, staff):
     shoot(staff, "jobs")
 
 
+# ---- items 5 and 6: only what fits the mode -------------------------------------------------------
+def test_job_list_refuses_an_unknown_state_naming_the_states(server):
+    status, body = server.get("/api/jobs?state=bogus")
+    assert status == 422, body
+    for state in ("queued", "running", "done", "failed", "cancelled"):
+        assert state in body["error"]
+    assert body["states"] == ["queued", "running", "done", "failed", "cancelled"]
+    assert server.get("/api/jobs?state=running")[0] == 200
+
+
+def test_job_page_events_fit_and_name_the_nodes_of_each_rescale(server, staff):
+    """A running job's events fit a 1,600 px window, its grow rows name the nodes it took, a
+    running job on 0 nodes reads "waiting for nodes", and Cancel asks first."""
+    running = wait_running(server)
+    job = min(running, key=lambda j: j["progress"])      # the one furthest from done
+    staff.goto(f"{server.url}/jobs/{job['id']}")
+    staff.wait_for_function("() => (document.querySelector('#job-events tbody')?.innerText || '').includes('→')",
+                            timeout=15_000)
+    rows = staff.evaluate("""() => [...document.querySelectorAll('#job-events tbody tr')].map(tr =>
+                             [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))""")
+    grows = [r for r in rows if len(r) == 4 and "→" in r[3]]
+    changed = [r for r in grows if r[3].split(" → ")[0] != r[3].split(" → ")[1].split()[0]]
+    assert changed, rows
+    for r in changed:
+        assert re.match(r"^[+−]\d+: [a-h]\d\dn\d\d", r[2]), f"a rescale row without its nodes: {r}"
+    shoot(staff, "job-running")
+    width = staff.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= VIEWPORT["width"], f"the page is {width} px wide"
+    status, jobs = server.get("/api/jobs?state=running")
+    idle = [j for j in jobs["jobs"] if j["nodes"] == 0]
+    if idle:
+        staff.goto(f"{server.url}/jobs/{idle[0]['id']}")
+        staff.wait_for_function("() => (document.querySelector('#job-head')?.innerText || '').length > 0",
+                                timeout=15_000)
+        if server.get(f"/api/jobs/{idle[0]['id']}")[1]["nodes"] == 0:
+            assert "waiting for nodes" in staff.inner_text("#job-head")
+    staff.goto(f"{server.url}/jobs/{job['id']}")
+    staff.wait_for_selector("#job-cancel", state="visible", timeout=15_000)
+    staff.dialogs.clear()
+    staff.click("#job-cancel")
+    deadline = time.monotonic() + 10
+    while not staff.dialogs and time.monotonic() < deadline:
+        staff.wait_for_timeout(200)
+    assert staff.dialogs and f"Cancel job {job['id']}?" in staff.dialogs[0], staff.dialogs
+    time.sleep(1)
+    assert server.get(f"/api/jobs/{job['id']}")[1]["state"] != "cancelled", "a dismissed cancel cancelled the job"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A live harvester (wall clock, 8 static nodes, simulated workers): no replay anywhere."""
+    app = start_app(tmp_path_factory.mktemp("live"), "--fresh", "--dispatch", "simulated", "--local-nodes", "8")
+    yield app
+    assert app.stop() == 0, app.output()[-3000:]
+
+
+def test_live_mode_shows_no_replay(live, browser):
+    status, body = live.get("/api/health")
+    assert status == 200 and body["mode"] == "live" and "replay" not in body, body
+    ctx = browser.new_context(viewport=VIEWPORT)
+    try:
+        page = ctx.new_page()
+        page.goto(live.url + "/")
+        page.wait_for_selector("header nav a")
+        links = [a.inner_text() for a in page.locator("header nav a").all()]
+        assert "Replay" not in links and "Cluster" in links, links
+        page.wait_for_function("() => (document.querySelector('#status-bar')?.innerText || '').includes('live')",
+                               timeout=15_000)
+        assert "replay" not in page.inner_text("#status-bar").lower()
+        page.goto(live.url + "/replay")
+        page.wait_for_selector("main h2")
+        assert "`" not in page.inner_text("main")
+        page.goto(live.url + "/allocator")
+        page.wait_for_selector("#solver-runs")
+        assert "(sim)" not in page.inner_text("main")
+        assert "Objective:" in page.inner_text("main")
+        shoot(page, "live-allocator")
+    finally:
+        ctx.close()
+
+
 # ---- item 0, last: a confirmed new run replaces the run, and the page says when it is running ------
 def test_confirmed_new_run_starts_and_the_loading_line_clears(server, staff):
     open_replay(staff, server)

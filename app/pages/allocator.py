@@ -13,6 +13,9 @@ from app.format import sim_time
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
 
 EVENTS_PAGE = 25
+OBJECTIVE = ("the samples the chosen sizes would train over the next T_fwd seconds, less the samples "
+             "lost to the grow and shrink pauses they cause (it is negative when rescaling costs more "
+             "than T_fwd gains; weighted by priority under the priority objective)")
 _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 
 
@@ -31,9 +34,10 @@ def layout(**_):
         ], className="row"),
         html.H3("Solver runs"),
         dash_table.DataTable(id=ids.SOLVER_RUNS, columns=[{"id": c, "name": n} for c, n in (
-            ("time", "time (sim)"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
-            ("objective", "objective"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
-            data=[], style_cell=_CELL),
+            ("time", "time"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
+            ("objective", "objective (samples) ⓘ"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
+            data=[], style_cell=_CELL, tooltip_header={"objective": OBJECTIVE}),
+        html.P(["Objective: ", OBJECTIVE], className="hint"),
         html.H3("Event log"),
         dash_table.DataTable(id=ids.EVENT_LOG, columns=[{"id": c, "name": c} for c in
                                                         ("id", "time", "kind", "node", "job", "detail")],

@@ -2,6 +2,8 @@
 time, its probes and events, and why it has the nodes it has."""
 from __future__ import annotations
 
+import json
+
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
@@ -21,9 +23,12 @@ def layout(job_id=None, **_):
         dcc.Store(id=ids.JOB_ID, data=job_id),
         html.Div(id=ids.JOB_HEAD),
         html.P(id=ids.JOB_WHY, className="why"),
-        html.Div([html.Button("Cancel job", id=ids.JOB_CANCEL, n_clicks=0, className="button danger",
-                              style={"display": "none"}),
-                  html.Span(id=ids.JOB_CANCEL_RESULT)]),
+        html.Div([dcc.ConfirmDialogProvider(
+                      html.Button("Cancel job", id=ids.JOB_CANCEL, n_clicks=0, className="button danger",
+                                  style={"display": "none"}),
+                      id=ids.JOB_CANCEL_CONFIRM,
+                      message=f"Cancel job {job_id}? Its workers stop and it cannot be resumed."),
+                  html.Span(id=ids.JOB_CANCEL_RESULT)], className="buttons"),
         html.Div([
             dcc.Graph(id=ids.JOB_CURVE, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_NODES, config={"displayModeBar": False}, className="job-graph"),
@@ -38,7 +43,11 @@ def layout(job_id=None, **_):
         ], id=ids.JOB_PROBES_BOX, style={"display": "none"}),
         html.H3("Events"),
         dash_table.DataTable(id=ids.JOB_EVENTS, columns=[{"id": c, "name": c} for c in ("time", "kind", "node", "detail")],
-                             data=[], page_size=15, style_cell={"fontSize": 13, "padding": "3px 8px"}),
+                             data=[], page_size=15, style_table={"overflowX": "auto"},
+                             style_cell={"fontSize": 13, "padding": "3px 8px", "whiteSpace": "normal",
+                                         "height": "auto", "textAlign": "left", "maxWidth": 640},
+                             style_cell_conditional=[{"if": {"column_id": "time"}, "width": 220, "whiteSpace": "nowrap"},
+                                                     {"if": {"column_id": "kind"}, "width": 120}]),
     ])
 
 
@@ -79,7 +88,7 @@ def update_job(n, job_id):
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
-            _fact("state", info["state"]), _fact("owner", job.owner or "job set"),
+            _fact("state", state_words(info)), _fact("owner", job.owner or "job set"),
             _fact("holds now", extent(info["nodes"], info.get("slots"), info.get("ranks", info["nodes"]),
                                       bool(cfg.get("runs_workers"))), ids.JOB_HOLDS),
             _fact("size", f"{job.min_nodes} to {job.max_nodes} nodes"),
@@ -116,10 +125,25 @@ LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
 def job_log(events, allocs, limit=200) -> list[dict]:
     """The job's own events and every change of its allocation, newest first."""
     rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in reversed(events)]
-    rows += [(a["time"], a["reason"], "", f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
+    rows += [(a["time"], a["reason"], _changed(a), f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i), reverse=True)
     return [{"time": sim_time(rows[i][0]), "kind": rows[i][1], "node": rows[i][2], "detail": rows[i][3]}
             for i in order[:limit]]
+
+
+def _changed(alloc: dict, shown: int = 3) -> str:
+    """The nodes a grow took or a shrink gave back: `+2: a01n01 a01n02`, `−1: b02n07`."""
+    parts = []
+    for sign, key in (("+", "added"), ("−", "removed")):
+        names = json.loads(alloc.get(key) or "[]")
+        if names:
+            parts.append(f"{sign}{len(names)}: " + " ".join(names[:shown]) + (" …" if len(names) > shown else ""))
+    return "; ".join(parts)
+
+
+def state_words(info: dict) -> str:
+    """A running job that holds no node is waiting for one (it keeps its place among the running)."""
+    return "waiting for nodes" if info["state"] == "running" and not info["nodes"] else info["state"]
 
 
 def _fact(k: str, v: str, id_: str = "") -> html.Div:
@@ -164,7 +188,7 @@ def progress_figure(thr, now, info, total, axis=TIME_AXIS) -> dict:
                        "yaxis": {"range": [0, 100], "title": {"text": "% of its samples done"}}}}
 
 
-@dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL, "n_clicks"),
+@dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL_CONFIRM, "submit_n_clicks"),
                State(ids.JOB_ID, "data"), prevent_initial_call=True)
 def cancel(n_clicks, job_id):
     if not n_clicks:

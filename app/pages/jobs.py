@@ -130,7 +130,8 @@ def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
     total = len(sel)
     page_rows = sel[page * size:(page + 1) * size]
     out = [{"link": f'[{j["id"]}](/jobs/{j["id"]})', "name": j["name"], "owner": j["owner"] or "job set",
-            "state": j["state"], "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
+            "state": "waiting for nodes" if j["state"] == "running" and not j["nodes"] else j["state"],
+            "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
             "progress": round(100 * j["progress"], 1), "curve": j.get("confidence") or "",
             "eta": short_time(j["eta"]),
             "submitted": short_time(j["submit_time"])} for j in page_rows]
