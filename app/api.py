@@ -25,7 +25,7 @@ from flask import jsonify, request
 from pydantic import ValidationError
 
 from core.explain import horizon_of, why
-from core.model import LAUNCHER_TORCHRUN
+from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
 from core.snapshot import BUSY, HELD
@@ -37,6 +37,7 @@ from .openapi import PAGE_DEFAULT, PAGE_MAX, document as api_document
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
+JOB_STATES = tuple(s.value for s in JobState)
 
 
 def _err(status: int, message: str, **extra):
@@ -90,7 +91,9 @@ def health():
     snap = h.snapshot
     ok = snap.status != "error" and h.problem is None
     store = h.store_problem        # writes failing: kept in memory, retried each flush
-    body = {"status": "store failing" if ok and store else "ok" if ok else "error", "replay": snap.status,
+    replay = h.capabilities.can_restart
+    body = {"status": "store failing" if ok and store else "ok" if ok else "error",
+            "mode": "replay" if replay else "live", ("replay" if replay else "harvester"): snap.status,
             "time": snap.time, "seq": snap.seq, "nodes": len(snap.nodes), "jobs": len(snap.jobs),
             "error": h.problem}
     if store:
@@ -133,6 +136,8 @@ def jobs():
     """Jobs in registration order, a page at a time (`limit`, `offset`; `next` is the next page)."""
     snap = context.harvester.snapshot
     state, owner = request.args.get("state"), request.args.get("owner")
+    if state and state not in JOB_STATES:
+        return _err(422, f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}", states=list(JOB_STATES))
     limit, bad = _whole_arg("limit", PAGE_DEFAULT, PAGE_MAX)
     offset, bad = (None, bad) if bad else _whole_arg("offset", 0, 1 << 31)
     if bad:

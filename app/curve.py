@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from .charts import count_step
 from .format import duration, plotly_text, si, sim_time
 
 GIVEN_COLOUR, FIT_COLOUR, BAND_COLOUR = "#5e81ac", "#3b5b92", "rgba(94, 129, 172, 0.22)"
@@ -34,7 +35,8 @@ def _layout(job, title: str, shapes: list, annotations: list, y_top: Optional[fl
         size = {"height": 350, "margin": {"l": 55, "r": 10, "t": 30, "b": 105},
                 "legend": {"orientation": "h", "yanchor": "top", "y": -0.24, "font": {"size": 11}}}
     return {"title": {"text": title, "font": {"size": 13}}, **size,
-            "xaxis": {"title": {"text": "nodes"}}, "yaxis": yaxis, "annotations": annotations,
+            "xaxis": {"title": {"text": "nodes"}, "tick0": 0, "dtick": count_step(max(job.max_nodes, *job.curve.nodes)),
+                      "tickformat": ",d"}, "yaxis": yaxis, "annotations": annotations,
             "shapes": [{"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": job.min_nodes,
                         "y0": 0, "y1": 1, "fillcolor": "#eceff4", "line": {"width": 0}, "layer": "below"},
                        *shapes]}

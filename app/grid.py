@@ -30,10 +30,12 @@ _NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
 #: then one code per job colour slot, then the same slots probing (a job at a size it has no
 #: throughput sample at yet: a lighter shade of its colour).
 C_BUSY, C_IDLE, C_RESCALE, C_JOB0 = 0, 1, 2, 3
-BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4c566a", "#eceff4", "#f5a000"
-JOB_COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#e377c2", "#8c564b",
-               "#bcbd22", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#31a354",
-               "#de2d26", "#756bb1", "#08519c", "#006d2c", "#a50f15", "#54278f")
+#: idle nodes are a mid grey, apart from the white gaps between racks and the dark busy nodes
+BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4c566a", "#c3cad5", "#f5a000"
+#: running jobs: strong hues far apart from each other, the greys and the rescaling orange
+#: (after Trubetskoy's 20 distinct colours, without orange, grey, white and the pastels)
+JOB_COLOURS = ("#e6194b", "#3cb44b", "#4363d8", "#ffe119", "#911eb4", "#42d4f4", "#f032e6",
+               "#9a6324", "#469990", "#000075", "#800000", "#bfef45")
 C_PROBE0 = C_JOB0 + len(JOB_COLOURS)
 N_CODES = C_PROBE0 + len(JOB_COLOURS)
 #: how far towards white a probing job's shade is

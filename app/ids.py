@@ -47,6 +47,7 @@ JOB_PROBES = "job-probes"     # the job's probes: time, nodes, why
 JOB_PROBES_BOX, JOB_PROBES_TITLE = "job-probes-box", "job-probes-title"
 JOB_EVENTS = "job-events"
 JOB_CANCEL, JOB_CANCEL_RESULT = "job-cancel", "job-cancel-result"
+JOB_CANCEL_CONFIRM = "job-cancel-confirm"     # asks before the job is cancelled
 
 # allocator page
 SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"
@@ -60,6 +61,14 @@ RP_GPUS = "rp-gpus"           # GPUs per node (counted beside the nodes, never a
 RP_NEW, RP_PAUSE, RP_RESUME, RP_RESTART, RP_APPLY_SPEED = (
     "rp-new", "rp-pause", "rp-resume", "rp-restart", "rp-apply-speed")
 RP_RESULT, RP_STATE = "rp-result", "rp-state"
+RP_SPEED_BOX = "rp-speed-box"          # the speed as a number, beside the snapping slider
+RP_CONFIRM_NEW, RP_CONFIRM_RESTART = "rp-confirm-new", "rp-confirm-restart"
+RP_PENDING = "rp-pending"             # a new run was asked for: the result line follows its loading
+
+
+def rp_error(field: str) -> str:
+    """The error line beside a Replay form field (fields as in app.replay_form.FIELDS)."""
+    return f"rp-{field}-error"
 
 # login page
 LOGIN_USER, LOGIN_PASSWORD, LOGIN_SUBMIT, LOGIN_RESULT, LOGOUT = (

@@ -49,8 +49,8 @@ class History:
                          "where job = ? order by id", (job,))
 
     def job_allocations(self, job: str) -> list[dict]:
-        return self.rows("select time, from_nodes, to_nodes, reason from allocations where job = ? "
-                         "order by id", (job,))
+        return self.rows("select time, from_nodes, to_nodes, reason, added, removed from allocations "
+                         "where job = ? order by id", (job,))
 
     def job_events(self, job: str, limit: int = 200) -> list[dict]:
         return self.rows("select time, kind, node, detail from events where job = ? order by id desc "

@@ -47,7 +47,9 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
 
 
 def shell() -> html.Div:
-    links = [("Cluster", "/"), ("Jobs", "/jobs"), ("Allocator", "/allocator"), ("Replay", "/replay")]
+    links = [("Cluster", "/"), ("Jobs", "/jobs"), ("Allocator", "/allocator")]
+    if context.harvester.capabilities.can_restart:      # live mode has no replay to control
+        links.append(("Replay", "/replay"))
     return html.Div([
         dcc.Location(id=ids.URL),
         dcc.Interval(id=ids.TICK, interval=UPDATE_MS),

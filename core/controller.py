@@ -603,6 +603,7 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
     kpis = {"idle": len(idle), "harvested": len(owner), "gpus": slots.total(names),
             "idle_gpus": slots.total(idle), "harvested_gpus": slots.total(owner),
             "harvest_pct": 100.0 * c.used_node_s / c.offered_node_s if c.offered_node_s else 0.0,
+            "offered_node_s": c.offered_node_s, "used_node_s": c.used_node_s,
             "samples_per_second": rate_total, "running": len(ctl.running),
             "queued": ctl.n_queued + len(ctl.submitted),
             "done": sum(1 for j in ctl.jobs.values() if j.state is JobState.DONE),

@@ -160,6 +160,38 @@ def percentile(values: list[float], q: float) -> Optional[float]:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+@dataclass
+class ReplayInputs:
+    """What a replay's settings select from its files, checked before any run is touched: the
+    Replay page calls `check` first so that a refused run leaves the running one as it was."""
+    jobset: list[Job]
+    nodes: list[str]
+    is_summit: bool
+    start: float
+    end: float
+
+    @classmethod
+    def check(cls, settings: ReplaySettings) -> "ReplayInputs":
+        """Read the job set, the trace and the node list; raises SettingsError or InputError."""
+        jobset = load_jobset(settings.jobs)
+        is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
+        node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
+        checked = TraceSource(settings.trace, [])
+        _, first, last = checked.validate()
+        if first is None:
+            raise InputError(settings.trace, None, "the trace has no transitions")
+        all_nodes = read_node_list(node_list) if node_list is not None else machine_order(checked.seen_nodes)
+        nodes = select_nodes(all_nodes, settings.nodes, settings.racks)
+        start = parse_iso(settings.start) if settings.start else first
+        if start > last:
+            raise SettingsError("start", f"the trace runs from {iso(first)} to {iso(last)}; "
+                                         f"{settings.start} is after its end")
+        end = start + settings.hours * 3600 if settings.hours else last + 1.0
+        if end <= start:
+            raise SettingsError("start", "the replay window is empty (check {start} and {hours})")
+        return cls(jobset, nodes, is_summit, start, end)
+
+
 class Replay:
     """One replay run: validated inputs, a controller on a simulated clock, and its loop."""
 
@@ -169,22 +201,13 @@ class Replay:
         self.settings = settings
         if resume and db is None:
             raise SettingsError("resume", "continuing a run needs a store: set {db}")
-        self.jobset: list[Job] = load_jobset(settings.jobs)
+        inputs = ReplayInputs.check(settings)
+        self.jobset: list[Job] = inputs.jobset
         prepare_jobs(self.jobset, settings.curves)
-        is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
-        node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
-        checked = TraceSource(settings.trace, [])
-        _, first, last = checked.validate()
-        if first is None:
-            raise InputError(settings.trace, None, "the trace has no transitions")
-        all_nodes = read_node_list(node_list) if node_list is not None else machine_order(checked.seen_nodes)
-        self.all_nodes = select_nodes(all_nodes, settings.nodes, settings.racks)
+        self.all_nodes = inputs.nodes
         # GPUs per node: the simulated dispatcher runs no ranks, so these count the GPUs jobs hold
-        self.slots = Slots(default=settings.gpus_per_node or (SUMMIT_GPUS_PER_NODE if is_summit else 1))
-        self.start = parse_iso(settings.start) if settings.start else first
-        self.end = self.start + settings.hours * 3600 if settings.hours else last + 1.0
-        if self.end <= self.start:
-            raise SettingsError("start", "the replay window is empty (check {start} and {hours})")
+        self.slots = Slots(default=settings.gpus_per_node or (SUMMIT_GPUS_PER_NODE if inputs.is_summit else 1))
+        self.start, self.end = inputs.start, inputs.end
         store = self.store = Store(db) if db is not None else None
         if store is not None and not resume and not store.is_empty():
             store.close()

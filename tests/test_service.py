@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from core.errors import InputError, SettingsError
 from core.controller import ControllerConfig
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
@@ -100,12 +101,16 @@ def test_restart_with_new_settings_drops_the_old_run(harvester, small_trace, sma
     assert stored(harvester.db, "select count(*) from jobs where id = ?", (job.id,)) == [(0,)]
 
 
-def test_a_failed_restart_reports_its_error(harvester, tmp_path):
-    harvester.restart(replace(harvester.settings, jobs=tmp_path / "missing.csv"), wait=True)
-    assert harvester.error and "missing.csv" in harvester.error
-    assert harvester.snapshot.status == "error"
-    with pytest.raises(RuntimeError):
-        harvester.submit(SPEC, "alice")
+def test_a_refused_restart_leaves_the_run_as_it_was(harvester, tmp_path):
+    """New settings are checked against the files before the running replay is touched."""
+    before = harvester.snapshot
+    with pytest.raises(InputError, match="missing.csv"):
+        harvester.restart(replace(harvester.settings, jobs=tmp_path / "missing.csv"), wait=True)
+    with pytest.raises(SettingsError, match="no such rack: zz99"):
+        harvester.restart(replace(harvester.settings, racks="zz99"), wait=True)
+    assert harvester.error is None and harvester.runner is not None
+    assert harvester.snapshot.status != "error" and len(harvester.snapshot.nodes) == len(before.nodes)
+    harvester.submit(SPEC, "alice")
 
 
 def test_speed_is_bounded(harvester):

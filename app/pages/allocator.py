@@ -8,11 +8,15 @@ import dash
 from dash import Input, Output, dash_table, dcc, html, no_update
 
 from app import context, ids
+from app.charts import MARGIN, count_axis, empty_figure, histogram
 from app.format import sim_time
 
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
 
 EVENTS_PAGE = 25
+OBJECTIVE = ("the samples the chosen sizes would train over the next T_fwd seconds, less the samples "
+             "lost to the grow and shrink pauses they cause (it is negative when rescaling costs more "
+             "than T_fwd gains; weighted by priority under the priority objective)")
 _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 
 
@@ -32,9 +36,10 @@ def layout(**_):
         ], className="row"),
         html.H3("Solver runs"),
         dash_table.DataTable(id=ids.SOLVER_RUNS, columns=[{"id": c, "name": n} for c, n in (
-            ("time", "time (sim)"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
-            ("objective", "objective"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
-            data=[], style_cell=_CELL),
+            ("time", "time"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
+            ("objective", "objective (samples) ⓘ"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
+            data=[], style_cell=_CELL, tooltip_header={"objective": OBJECTIVE}),
+        html.P(["Objective: ", OBJECTIVE], className="hint"),
         html.H3("Event log"),
         dash_table.DataTable(id=ids.EVENT_LOG, columns=[{"id": c, "name": c} for c in
                                                         ("id", "time", "kind", "node", "job", "detail")],
@@ -81,12 +86,20 @@ def update(n):
              "objective": f'{r["objective"]:,.0f}' if r["objective"] is not None else "–",
              "size": f'{r["jobs"]} × {r["nodes"]}', "solve_ms": round(r["solve_ms"], 2)}
             for r in hist.solver_runs(20)]
-    times = hist.solve_times()
-    fig = {"data": [{"type": "histogram", "x": times, "nbinsx": 40, "marker": {"color": "#5e81ac"}}],
-           "layout": {"title": {"text": f"Solve time, last {len(times):,} runs (ms)", "font": {"size": 13}},
-                      "height": 260, "margin": {"l": 45, "r": 10, "t": 30, "b": 35},
-                      "yaxis": {"type": "log", "title": {"text": "runs"}}}}
-    return decisions, runs, fig, horizon_text(context.harvester.snapshot.config)
+    return decisions, runs, solve_figure(hist.solve_times()), horizon_text(context.harvester.snapshot.config)
+
+
+def solve_figure(times: list[float]) -> dict:
+    """How long the solver takes: whole runs per bin of solve time, on linear axes."""
+    if not times:
+        return empty_figure("Solve time", height=260)
+    centres, counts, width = histogram(times)
+    return {"data": [{"type": "bar", "x": centres, "y": counts, "width": width, "marker": {"color": "#5e81ac"},
+                      "hovertemplate": "%{y} runs near %{x:.2f} ms<extra></extra>"}],
+            "layout": {"title": {"text": f"Solve time, last {len(times):,} runs", "font": {"size": 13}},
+                       "height": 260, "margin": MARGIN, "bargap": 0.05,
+                       "xaxis": {"title": {"text": "solve time (ms)"}, "rangemode": "tozero"},
+                       "yaxis": count_axis("solver runs", max(counts))}}
 
 
 @dash.callback(Output(ids.EVENT_LOG, "data"), Output(ids.EVENT_LOG, "page_count"),

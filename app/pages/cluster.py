@@ -5,6 +5,7 @@ import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
 from app import context, ids
+from app.charts import LIVE_TIME_AXIS, MARGIN, NO_DATA, TIME_AXIS, count_axis, legend_label, ratio
 from app.format import gpus, si
 from app.grid import (BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure,
                       grid_patch)
@@ -51,20 +52,23 @@ def layout(**_):
 
 
 def _timeline_fig(which: str) -> dict:
+    """An empty timeline that says so; the first points bring its axes (see update_timelines)."""
     if which == "nodes":
         traces = [{"type": "scatter", "mode": "lines", "name": "nodes used by jobs", "x": [], "y": [],
-                   "line": {"color": "#2ca02c", "shape": "hv", "width": 1}, "fill": "tozeroy"},
+                   "line": {"color": "#3cb44b", "shape": "hv", "width": 1}, "fill": "tozeroy"},
                   {"type": "scatter", "mode": "lines", "name": "idle nodes offered", "x": [], "y": [],
                    "line": {"color": "#3b5b92", "shape": "hv", "width": 1.5}}]
         title = "Idle nodes offered vs used"
     else:
         traces = [{"type": "scatter", "mode": "lines", "name": "samples/s", "x": [], "y": [],
                    "line": {"color": "#d62728", "shape": "hv"}}]
-        title = "Aggregate training throughput (samples/s)"
+        title = "Aggregate training throughput"
     return {"data": traces, "layout": {
-        "title": {"text": title, "font": {"size": 13}}, "height": 230,
-        "margin": {"l": 50, "r": 10, "t": 30, "b": 30}, "legend": {"orientation": "h", "y": -0.25},
-        "xaxis": {"type": "date"}, "uirevision": "timeline"}}
+        "title": {"text": title, "font": {"size": 13}}, "height": 250, "margin": MARGIN,
+        "legend": {"orientation": "h", "y": -0.35}, "xaxis": {"visible": False}, "yaxis": {"visible": False},
+        "annotations": [{"text": NO_DATA, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+                         "showarrow": False, "font": {"size": 15, "color": "#6b7280"}}],
+        "uirevision": "timeline"}}
 
 
 @dash.callback(Output(ids.GRID, "figure"), Output(ids.GRID_KEY, "data"),
@@ -110,10 +114,10 @@ def update_kpis(_n):
                     key=lambda j: -j["nodes"]):
         probing = j["id"] in snap.probing
         colour = (PROBE_COLOURS if probing else JOB_COLOURS)[book.slot(j["id"])]
-        label = f'{j["name"] or j["id"]}: {j["nodes"]}' + (" (probing)" if probing else "")
+        label = legend_label(j["id"], j["name"], j["nodes"], probing)
         legend.append(html.A(_swatch(colour, label), href=f'/jobs/{j["id"]}', className="legend-link"))
     return (_with_gpus(k["idle"], k.get("idle_gpus")), _with_gpus(k["harvested"], k.get("harvested_gpus")),
-            f'{k["harvest_pct"]:.1f} %',
+            ratio(k.get("used_node_s", 0.0), k.get("offered_node_s", 0.0)),
             si(k["samples_per_second"]), f'{k["running"]} / {k["queued"]}', legend)
 
 
@@ -143,6 +147,7 @@ def update_timelines(_n, key):
         return no_update, no_update, no_update
     xs = [_ms(r["time"]) for r in rows]
     nodes, rate = Patch(), Patch()
+    top = max([key.get("top", 0) if key and not fresh else 0] + [max(r["used"], r["idle"]) for r in rows])
     if fresh:
         nodes["data"][0]["x"] = xs
         nodes["data"][0]["y"] = [r["used"] for r in rows]
@@ -157,8 +162,16 @@ def update_timelines(_n, key):
         nodes["data"][1]["y"].extend([r["idle"] for r in rows])
         rate["data"][0]["x"].extend(xs)
         rate["data"][0]["y"].extend([r["samples_per_second"] for r in rows])
+    if rows:       # axes with titles and units once there is something to draw
+        time_axis = TIME_AXIS if context.harvester.capabilities.can_set_speed else LIVE_TIME_AXIS
+        nodes["layout"]["annotations"] = []
+        nodes["layout"]["xaxis"] = time_axis
+        nodes["layout"]["yaxis"] = count_axis("nodes", top)
+        rate["layout"]["annotations"] = []
+        rate["layout"]["xaxis"] = time_axis
+        rate["layout"]["yaxis"] = {"title": {"text": "samples/s"}, "rangemode": "tozero"}
     t_last = rows[-1]["time"] if rows else (None if fresh else key.get("t"))
-    return nodes, rate, {"boot": context.BOOT, "t": t_last, "t0": t0}
+    return nodes, rate, {"boot": context.BOOT, "t": t_last, "t0": t0, "top": top}
 
 
 def _ms(t: float) -> int:

@@ -2,6 +2,8 @@
 time, its probes and events, and why it has the nodes it has."""
 from __future__ import annotations
 
+import json
+
 import dash
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
@@ -9,6 +11,7 @@ from core.explain import horizon_of, why
 from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 
 from app import context, ids
+from app.charts import LIVE_TIME_AXIS, MARGIN, TIME_AXIS, count_axis, empty_figure
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
 from app.format import duration, extent, finite, si, sim_time
 
@@ -20,9 +23,12 @@ def layout(job_id=None, **_):
         dcc.Store(id=ids.JOB_ID, data=job_id),
         html.Div(id=ids.JOB_HEAD),
         html.P(id=ids.JOB_WHY, className="why"),
-        html.Div([html.Button("Cancel job", id=ids.JOB_CANCEL, n_clicks=0, className="button danger",
-                              style={"display": "none"}),
-                  html.Span(id=ids.JOB_CANCEL_RESULT)]),
+        html.Div([dcc.ConfirmDialogProvider(
+                      html.Button("Cancel job", id=ids.JOB_CANCEL, n_clicks=0, className="button danger",
+                                  style={"display": "none"}),
+                      id=ids.JOB_CANCEL_CONFIRM,
+                      message=f"Cancel job {job_id}? Its workers stop and it cannot be resumed."),
+                  html.Span(id=ids.JOB_CANCEL_RESULT)], className="buttons"),
         html.Div([
             dcc.Graph(id=ids.JOB_CURVE, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_NODES, config={"displayModeBar": False}, className="job-graph"),
@@ -37,7 +43,11 @@ def layout(job_id=None, **_):
         ], id=ids.JOB_PROBES_BOX, style={"display": "none"}),
         html.H3("Events"),
         dash_table.DataTable(id=ids.JOB_EVENTS, columns=[{"id": c, "name": c} for c in ("time", "kind", "node", "detail")],
-                             data=[], page_size=15, style_cell={"fontSize": 13, "padding": "3px 8px"}),
+                             data=[], page_size=15, style_table={"overflowX": "auto"},
+                             style_cell={"fontSize": 13, "padding": "3px 8px", "whiteSpace": "normal",
+                                         "height": "auto", "textAlign": "left", "maxWidth": 640},
+                             style_cell_conditional=[{"if": {"column_id": "time"}, "width": 220, "whiteSpace": "nowrap"},
+                                                     {"if": {"column_id": "kind"}, "width": 120}]),
     ])
 
 
@@ -79,7 +89,7 @@ def update_job(n, job_id):
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
-            _fact("state", info["state"]), _fact("owner", job.owner or "job set"),
+            _fact("state", state_words(info)), _fact("owner", job.owner or "job set"),
             _fact("holds now", extent(info["nodes"], info.get("slots"), info.get("ranks", info["nodes"]),
                                       bool(cfg.get("runs_workers"))), ids.JOB_HOLDS),
             _fact("size", f"{job.min_nodes} to {job.max_nodes} nodes"),
@@ -101,8 +111,10 @@ def update_job(n, job_id):
     events = job_log(hist.job_events(job_id), allocs)
     measured = hist.job_curve_points(job_id) if profile is None else []
     shown = {} if profile is not None else hidden
+    axis = TIME_AXIS if h.capabilities.can_set_speed else LIVE_TIME_AXIS
     return (head, line, curve_figure(job, info, measured, profile),
-            nodes_figure(allocs, snap.time, info), progress_figure(thr, snap.time, info, job.total_samples),
+            nodes_figure(allocs, snap.time, info, axis),
+            progress_figure(thr, snap.time, info, job.total_samples, axis),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
             probe_rows(profile), shown, probes_title(profile))
 
@@ -114,10 +126,25 @@ LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
 def job_log(events, allocs, limit=200) -> list[dict]:
     """The job's own events and every change of its allocation, newest first."""
     rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in reversed(events)]
-    rows += [(a["time"], a["reason"], "", f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
+    rows += [(a["time"], a["reason"], _changed(a), f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i), reverse=True)
     return [{"time": sim_time(rows[i][0]), "kind": rows[i][1], "node": rows[i][2], "detail": rows[i][3]}
             for i in order[:limit]]
+
+
+def _changed(alloc: dict, shown: int = 3) -> str:
+    """The nodes a grow took or a shrink gave back: `+2: a01n01 a01n02`, `−1: b02n07`."""
+    parts = []
+    for sign, key in (("+", "added"), ("−", "removed")):
+        names = json.loads(alloc.get(key) or "[]")
+        if names:
+            parts.append(f"{sign}{len(names)}: " + " ".join(names[:shown]) + (" …" if len(names) > shown else ""))
+    return "; ".join(parts)
+
+
+def state_words(info: dict) -> str:
+    """A running job that holds no node is waiting for one (it keeps its place among the running)."""
+    return "waiting for nodes" if info["state"] == "running" and not info["nodes"] else info["state"]
 
 
 def _fact(k: str, v: str, id_: str = "") -> html.Div:
@@ -126,37 +153,43 @@ def _fact(k: str, v: str, id_: str = "") -> html.Div:
 
 
 def _empty():
-    return {"data": [], "layout": {"height": 280}}
+    return empty_figure("")
 
 
-def nodes_figure(allocs, now, info) -> dict:
+def _not_yet(info) -> str:
+    return "no data yet: the job is waiting in the queue" if info["state"] == "queued" else "no data yet"
+
+
+def nodes_figure(allocs, now, info, axis=TIME_AXIS) -> dict:
     xs, ys = [], []
     for a in allocs:
         xs.append(a["time"] * 1000)
         ys.append(a["to_nodes"])
-    if xs:
-        xs.append(now * 1000)
-        ys.append(info["nodes"])
-    return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"shape": "hv", "color": "#2ca02c"},
+    if not xs:
+        return empty_figure("Nodes over time", _not_yet(info))
+    xs.append(now * 1000)
+    ys.append(info["nodes"])
+    return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"shape": "hv", "color": "#3cb44b"},
                       "fill": "tozeroy", "name": "nodes"}],
             "layout": {"title": {"text": "Nodes over time", "font": {"size": 13}}, "height": 280,
-                       "margin": {"l": 45, "r": 10, "t": 30, "b": 40}, "xaxis": {"type": "date"}}}
+                       "margin": MARGIN, "xaxis": axis, "yaxis": count_axis("nodes", max(ys))}}
 
 
-def progress_figure(thr, now, info, total) -> dict:
+def progress_figure(thr, now, info, total, axis=TIME_AXIS) -> dict:
     xs = [t["time"] * 1000 for t in thr if t["samples_done"] is not None]
     ys = [100 * t["samples_done"] / total for t in thr if t["samples_done"] is not None]
-    if xs:
-        xs.append(now * 1000)
-        ys.append(100 * info["progress"])
+    if not xs:
+        return empty_figure("Progress", _not_yet(info))
+    xs.append(now * 1000)
+    ys.append(100 * info["progress"])
     return {"data": [{"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": {"color": "#d62728"},
                       "name": "progress"}],
-            "layout": {"title": {"text": "Progress (%)", "font": {"size": 13}}, "height": 280,
-                       "margin": {"l": 45, "r": 10, "t": 30, "b": 40}, "xaxis": {"type": "date"},
-                       "yaxis": {"range": [0, 100]}}}
+            "layout": {"title": {"text": "Progress", "font": {"size": 13}}, "height": 280,
+                       "margin": MARGIN, "xaxis": axis,
+                       "yaxis": {"range": [0, 100], "title": {"text": "% of its samples done"}}}}
 
 
-@dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL, "n_clicks"),
+@dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL_CONFIRM, "submit_n_clicks"),
                State(ids.JOB_ID, "data"), prevent_initial_call=True)
 def cancel(n_clicks, job_id):
     if not n_clicks:

@@ -21,8 +21,14 @@ COLUMNS = [
     {"id": "rate", "name": "samples/s", "type": "numeric"},
     {"id": "progress", "name": "progress %", "type": "numeric"},
     {"id": "curve", "name": "curve"},
-    {"id": "eta", "name": "ETA (sim)"}, {"id": "submitted", "name": "submitted (sim)"},
+    {"id": "eta", "name": "ETA"}, {"id": "submitted", "name": "submitted"},
 ]
+#: the table opens on what is happening: running jobs (largest first), then the queue (in the
+#: order it is served), then ended jobs (latest first)
+STATE_ORDER = {"running": 0, "queued": 1, "done": 2, "failed": 2, "cancelled": 2}
+DEFAULT_SORT = [{"column_id": "state", "direction": "asc"}]
+#: fields only a live harvester's real workers use (a replay's jobs are simulated)
+LIVE_ONLY = ("command", "global_batch", "launcher", "progress_pattern", "stop_grace_seconds")
 SORT_KEYS = {"link": "id", "name": "name", "owner": "owner", "state": "state", "nodes": "nodes",
              "rate": "samples_per_second", "progress": "progress", "curve": "confidence", "eta": "eta",
              "submitted": "submit_time"}
@@ -50,30 +56,31 @@ DEFAULTS = {"min_nodes": "1", "max_nodes": "64", "scale_up_seconds": "18", "scal
 
 def layout(**_):
     user = context.current_user()
+    live = context.harvester.capabilities.runs_workers
     return html.Div([
-        html.H2("Jobs"),
         html.Div([
-            dcc.Dropdown(id=ids.JOBS_STATE, options=[{"label": s, "value": s} for s in STATES],
-                         multi=True, placeholder="any state", className="filter-state"),
-            dcc.Input(id=ids.JOBS_SEARCH, type="text", placeholder="search id, name or owner",
-                      debounce=True, className="filter-search"),
-            dcc.Dropdown(id=ids.JOBS_CURVE, options=[{"label": f"curve: {c}", "value": c} for c in CONFIDENCE],
-                         multi=True, placeholder="any curve", className="filter-curve"),
-            html.Span(id=ids.JOBS_COUNT, className="muted"),
-        ], className="filters"),
-        dash_table.DataTable(
-            id=ids.JOBS_TABLE, columns=COLUMNS, data=[], page_current=0, page_size=PAGE_SIZE,
-            page_action="custom", sort_action="custom", sort_mode="single",
-            sort_by=[{"column_id": "submitted", "direction": "desc"}],
-            markdown_options={"link_target": "_self"},
-            style_cell={"fontFamily": "inherit", "fontSize": 13, "padding": "4px 8px"},
-            style_header={"fontWeight": "600"}, style_table={"overflowX": "auto"}),
-        html.H3("Register a job"),
-        _form(user),
-    ])
+            html.H2("Jobs"),
+            html.Div([
+                dcc.Dropdown(id=ids.JOBS_STATE, options=[{"label": s, "value": s} for s in STATES],
+                             multi=True, placeholder="any state", className="filter-state"),
+                dcc.Input(id=ids.JOBS_SEARCH, type="text", placeholder="search id, name or owner",
+                          debounce=True, className="filter-search"),
+                dcc.Dropdown(id=ids.JOBS_CURVE, options=[{"label": f"curve: {c}", "value": c} for c in CONFIDENCE],
+                             multi=True, placeholder="any curve", className="filter-curve"),
+                html.Span(id=ids.JOBS_COUNT, className="muted"),
+            ], className="filters"),
+            dash_table.DataTable(
+                id=ids.JOBS_TABLE, columns=COLUMNS, data=[], page_current=0, page_size=PAGE_SIZE,
+                page_action="custom", sort_action="custom", sort_mode="single",
+                sort_by=DEFAULT_SORT, markdown_options={"link_target": "_self"},
+                style_cell={"fontFamily": "inherit", "fontSize": 13, "padding": "4px 8px"},
+                style_header={"fontWeight": "600"}, style_table={"overflowX": "auto"}),
+        ], className="jobs-main"),
+        html.Aside([html.H3("Register a job"), _form(user, live)], className="jobs-side"),
+    ], className="jobs-layout")
 
 
-def _form(user) -> html.Div:
+def _form(user, live: bool = True) -> html.Div:
     if user is None:
         return html.Div([dcc.Link("Log in", href="/login"), " to register a job."], className="muted")
     rows = []
@@ -84,7 +91,7 @@ def _form(user) -> html.Div:
                       placeholder=placeholder, className="form-input"),
             html.Span(hint, className="hint"),
             html.Div(id=ids.field_error(f), className="field-error"),
-        ], className="form-row"))
+        ], className="form-row", style=None if live or f not in LIVE_ONLY else {"display": "none"}))
     return html.Div([*rows, html.Button("Register", id=ids.FORM_SUBMIT, n_clicks=0, className="button"),
                      html.Div(id=ids.FORM_RESULT, className="form-result")], id=ids.FORM, className="form")
 
@@ -102,6 +109,10 @@ def _matches(job: dict, states, text: str, curves=None) -> bool:
 
 def _sort_value(job: dict, key: str):
     value = job[key]
+    if key == "state":
+        rank = STATE_ORDER.get(value, len(STATE_ORDER))
+        then = (-job["nodes"] if rank == 0 else job["submit_time"] if rank == 1 else -(job["end_time"] or 0))
+        return rank, then
     if key == "confidence":
         return CONFIDENCE.index(value) if value in CONFIDENCE else len(CONFIDENCE)
     return value
@@ -109,8 +120,9 @@ def _sort_value(job: dict, key: str):
 
 def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
     sel = [j for j in jobs if _matches(j, states, (text or "").strip(), curves)]
+    sort_by = sort_by or DEFAULT_SORT
     if sort_by:
-        key = SORT_KEYS.get(sort_by[0]["column_id"], "submit_time")
+        key = SORT_KEYS.get(sort_by[0]["column_id"], "state")
         rev = sort_by[0]["direction"] == "desc"
         present = [j for j in sel if j.get(key) is not None]
         absent = [j for j in sel if j.get(key) is None]
@@ -118,7 +130,8 @@ def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
     total = len(sel)
     page_rows = sel[page * size:(page + 1) * size]
     out = [{"link": f'[{j["id"]}](/jobs/{j["id"]})', "name": j["name"], "owner": j["owner"] or "job set",
-            "state": j["state"], "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
+            "state": "waiting for nodes" if j["state"] == "running" and not j["nodes"] else j["state"],
+            "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
             "progress": round(100 * j["progress"], 1), "curve": j.get("confidence") or "",
             "eta": short_time(j["eta"]),
             "submitted": short_time(j["submit_time"])} for j in page_rows]

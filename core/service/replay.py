@@ -13,7 +13,7 @@ from typing import Optional
 from ..controller import Controller
 from ..errors import SettingsError
 from ..model import Job
-from ..replay import Replay, ReplaySettings, prepare_jobs
+from ..replay import Replay, ReplayInputs, ReplaySettings, prepare_jobs
 from ..runners import ReplayRunner
 from ..schemas import JobSpec
 from ..settings import check_speed
@@ -86,12 +86,20 @@ class ReplayHarvester(Harvester):
         prepare_jobs([job], self.settings.curves)
         return job
 
+    def check(self, settings: ReplaySettings) -> None:
+        """Raise SettingsError or InputError if a run with these settings would not start (reads
+        the trace and the job set; changes nothing)."""
+        ReplayInputs.check(settings)
+
     def restart(self, settings: Optional[ReplaySettings] = None, speed: Optional[float] = None,
                 wait: bool = False) -> None:
         """Start a new run (new settings or the same ones) in the background; the old run's
-        history is dropped. Readers see a `loading` snapshot meanwhile."""
+        history is dropped. Readers see a `loading` snapshot meanwhile. New settings are checked
+        against the trace and the job set first: a refused run leaves the running one as it was."""
         if speed is not None:
             check_speed(speed)
+        if settings is not None:
+            self.check(settings)
         with self._lock:
             if self._loading is not None and self._loading.is_alive():
                 raise RuntimeError("a replay is already loading")

@@ -88,17 +88,26 @@ def select_nodes(all_nodes: Sequence[str], first: Optional[int] = None,
     """First N nodes of the machine's order, or the nodes of the racks named (`a01,b02-b05`)."""
     nodes = list(all_nodes)
     if racks:
+        from ..model import rack_of
+        present = {rack_of(n) for n in nodes}
         wanted: set[str] = set()
+        unknown: list[str] = []
         for part in racks.split(","):
             part = part.strip()
             m = re.fullmatch(r"([A-Za-z]+)(\d+)-([A-Za-z]*)(\d+)", part)
             if m:
                 letters, a, _, b = m.groups()
                 width = len(m.group(2))
-                wanted.update(f"{letters}{i:0{width}d}" for i in range(int(a), int(b) + 1))
-            elif part:
-                wanted.add(part)
-        from ..model import rack_of
+                names = {f"{letters}{i:0{width}d}" for i in range(int(a), int(b) + 1)}
+            else:
+                names = {part} if part else set()
+            if names and not names & present:
+                unknown.append(part)
+            wanted |= names
+        if unknown:
+            known = sorted(present)
+            span = f"{known[0]} … {known[-1]}" if known else "none"
+            raise SettingsError("racks", f"no such rack: {', '.join(unknown)} (this machine's racks: {span})")
         nodes = [n for n in nodes if rack_of(n) in wanted]
         if not nodes:
             raise SettingsError("racks", f"no node is in racks {racks}")
