@@ -21,7 +21,7 @@ def _int(v: Any, lo: int = 0, hi: int = 2 ** 53) -> bool:
 
 
 def count(v: Any) -> bool:
-    """n_clicks, n_intervals, n_submit."""
+    """n_clicks, n_intervals, n_submit, submit_n_clicks."""
     return v is None or _int(v)
 
 
@@ -71,12 +71,19 @@ def _number(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
-BY_PROPERTY: dict[str, Rule] = {"n_clicks": count, "n_intervals": count, "n_submit": count,
+def _between(lo: float, hi: float) -> Rule:
+    return lambda v: _number(v) and (v is None or lo <= v <= hi)
+
+
+BY_PROPERTY: dict[str, Rule] = {"n_clicks": count, "n_intervals": count, "n_submit": count, "submit_n_clicks": count,
                                 "page_current": page, "sort_by": sort_by, "pathname": path, "value": field}
 BY_INPUT: dict[tuple[str, str], Rule] = {
     (ids.GRID_KEY, "data"): _record(boot=text, seq=lambda v: _int(v), machine=text),
     (ids.TL_KEY, "data"): _record(boot=text, t0=_number, t=_number),
     (ids.JOB_ID, "data"): text,
+    (ids.RP_PENDING, "data"): count,
+    (ids.RP_SPEED, "value"): _between(-1, 5),                       # log10 of the speed
+    (ids.RP_SPEED_BOX, "value"): _between(0, 1e9),                  # snapped to the nearest mark                                # 1 while a new run loads
     (ids.JOBS_STATE, "value"): words,
     (ids.JOBS_CURVE, "value"): words,
     (ids.JOBS_SEARCH, "value"): text,

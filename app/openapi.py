@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.model import JobState
 from core.schemas import JobSpec
 
 PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
@@ -94,13 +95,14 @@ def document(version: str = "1") -> dict:
             "responses": _ok("the cluster", "Cluster")}},
         "/api/jobs": {
             "get": {"summary": "every job", "parameters": [
-                {"name": "state", "in": "query", "schema": {"type": "string"}},
+                {"name": "state", "in": "query", "schema": {"enum": [s.value for s in JobState]}},
                 {"name": "owner", "in": "query", "schema": {"type": "string"}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": PAGE_MAX},
                  "description": f"jobs per page (default {PAGE_DEFAULT})"},
                 {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
                 "responses": {**_ok("the jobs, a page at a time", "JobList"),
-                              "400": _error("limit or offset is not a whole number in range")}},
+                              "400": _error("limit or offset is not a whole number in range"),
+                              "422": _error("an unknown state (`states` lists them)")}},
             "post": {"summary": "register a job", "security": secured,
                      "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,

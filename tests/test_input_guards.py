@@ -78,7 +78,7 @@ WRONG = [{"x": 1}, [1, 2], "text", -1, 1.5, 1e308, 2 ** 70, True, [[["deep"]]], 
 
 
 #: a well-typed value of each property, for the inputs a test does not set
-GOOD = {"n_intervals": 1, "n_clicks": 1, "n_submit": 1, "page_current": 0, "sort_by": [], "pathname": "/",
+GOOD = {"n_intervals": 1, "n_clicks": 1, "n_submit": 1, "submit_n_clicks": 1, "page_current": 0, "sort_by": [], "pathname": "/",
         "search": ""}
 
 
