@@ -27,8 +27,10 @@ from .webconfig import WebConfig
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
 SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
-                 "max_jobs", "queue", "speed", "curves", "seed", "gpus_per_node")
-CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue")
+                 "max_jobs", "queue", "visitor_slots", "speed", "curves", "seed", "gpus_per_node")
+CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue", "visitor_slots")
+#: the demo lane in a replay: running slots only registered jobs take, so that a visitor's job runs
+DEMO_VISITOR_SLOTS = 2
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
          "live.workers.heartbeat_timeout_s": "--heartbeat-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
@@ -65,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "idle fragments")
     g.add_argument("--max-jobs", type=int)
     g.add_argument("--queue", choices=QUEUE_ORDERS)
+    g.add_argument("--visitor-slots", type=int, metavar="N",
+                   help=f"replay: running slots beyond --max-jobs for registered jobs, which also go first in "
+                        f"the queue and get nodes first (default {DEMO_VISITOR_SLOTS}; 0: none)")
     g.add_argument("--speed", type=float, help="simulated seconds per wall second (default 60)")
     g.add_argument("--curves", choices=CURVES,
                    help="what the allocator is told of each job's curve: given (default), linear (the usual "
@@ -123,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def replay_settings(args) -> tuple[dict, float]:
     """The replay part of the settings: the defaults, then --scenario's file, then the flags."""
-    s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "start": DEFAULT_START, "speed": 60.0}
+    s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "start": DEFAULT_START, "speed": 60.0,
+               "visitor_slots": DEMO_VISITOR_SLOTS}
     if args.scenario:
         try:
             loaded = json.loads(args.scenario.read_text())

@@ -168,7 +168,7 @@ def job(job_id):
     st = h.worker_status(job_id)
     if st:
         body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
-                                                 "committed_step", "loss", "lost", "last_rescale",
+                                                 "committed_step", "loss", "losses", "metrics", "lost", "last_rescale",
                                                  "generations", "progressing", "restart_count",
                                                  "lost_samples")}
     profile = h.profile(job_id)
@@ -194,6 +194,8 @@ def submit():
         return _err(422, "invalid job", errors=field_errors(e))
     try:
         job = context.harvester.submit(spec, user.name, staff=user.is_staff)
+    except Unsupported as e:
+        return _err(409, str(e))
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})

@@ -41,6 +41,7 @@ def field_error(name: str) -> str:
 JOB_ID = "job-id"
 JOB_HEAD, JOB_WHY, JOB_CURVE, JOB_NODES, JOB_PROGRESS = (
     "job-head", "job-why", "job-curve", "job-nodes", "job-progress")
+JOB_LOSS = "job-loss"         # the loss the job's rank 0 reports, over its steps (real workers only)
 JOB_HOLDS = "job-holds"       # what it holds now: "3 nodes × 4 GPUs = 12 ranks"
 JOB_PROFILE = "job-profile"   # what the profiler learned: costs, model, peak, confidence
 JOB_PROBES = "job-probes"     # the job's probes: time, nodes, why

@@ -108,6 +108,7 @@ def document(version: str = "1") -> dict:
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
                                    "422": _error("refused: `errors` says why, per field (a job too large for "
                                                  "this site, or too many jobs of this user); nothing stored"),
+                                   "409": _error("the replay has ended: nothing would run the job"),
                                    "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}": {
             "parameters": [job_id],

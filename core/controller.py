@@ -58,6 +58,9 @@ class ControllerConfig:
     max_jobs: int = 10
     queue: str = "fcfs"
     time_limit: float = 5.0
+    #: the demo lane: running slots beyond max_jobs that only registered jobs (not the job set's)
+    #: may take; such jobs also go first in the queue and are given nodes first (0: no lane)
+    visitor_slots: int = 0
 
     def __post_init__(self) -> None:
         for name, allowed in (("policy", POLICIES), ("solver", SOLVERS), ("objective", OBJECTIVES),
@@ -74,6 +77,9 @@ class ControllerConfig:
                                           f"not {v!r}")
         if isinstance(self.max_jobs, bool) or not isinstance(self.max_jobs, int) or self.max_jobs < 1:
             raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
+        v = self.visitor_slots
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
+            raise SettingsError("visitor_slots", f"must be a whole number from 0 to 100, not {v!r}")
 
     @property
     def learns_horizon(self) -> bool:
@@ -110,7 +116,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.since: dict[str, float] = {}         # node -> when it last joined, left or changed holder
         self.rescaling_until: dict[str, float] = {}  # job -> end of its current rescale pause
         self.timeline_every = timeline_every      # simulated seconds between timeline points
+        self.timeline_on_change = False           # also a point whenever the node/job counts change (live)
         self.timeline_at: Optional[float] = None        # time of the last timeline point
+        self._timeline_counts: tuple = ()               # (idle, used, running, queued) at that point
         self.accounted_until: Optional[float] = None    # node-seconds are counted up to here
         self._inbox: list[Event] = []
         self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
@@ -178,8 +186,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             queued = [self.jobs[e[-1]] for e in sorted(self._queue)
                       if self.jobs[e[-1]].state is JobState.QUEUED]
             running = [self.jobs[j] for j in self.running]
-            return (node_demand(running, queued + list(self.submitted.values()),
-                                self.config.max_jobs - len(running)), list(self.owner))
+            waiting = queued + list(self.submitted.values())
+            slots = self._free_slots(any(self.in_lane(j) for j in waiting))
+            return node_demand(running, waiting, slots), list(self.owner)
 
     def active_jobs_of(self, owner: str) -> int:
         """Queued (or just registered) and running jobs of one owner."""
@@ -252,9 +261,17 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
                                               dict(result.changes))
-            if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
+            if self._timeline_due(now):
                 self._timeline_point(now, result.samples_per_second)
             return result
+
+    def _timeline_due(self, now: float) -> bool:
+        if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
+            return True
+        return self.timeline_on_change and self._counts() != self._timeline_counts
+
+    def _counts(self) -> tuple:
+        return len(self.idle), len(self.owner), len(self.running), self.n_queued
 
     def _learn_horizon(self, now: float) -> Optional[dict[str, float]]:
         """`tfwd auto`: this step's horizon from the fragments seen so far, and every idle node's
@@ -280,7 +297,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         if rate is None:
             rate = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
         self.timeline_at = now
-        self._batch.timeline_point(now, len(self.idle), len(self.owner), len(self.running), self.n_queued, rate)
+        self._timeline_counts = self._counts()
+        self._batch.timeline_point(now, *self._timeline_counts, rate)
 
     def _log(self, ev: Event) -> None:
         self._batch.event(ev)
@@ -375,9 +393,22 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self._push_queue(job)
         self.n_queued += 1
 
+    def in_lane(self, job: Job) -> bool:
+        """A registered job (not the job set's) while the demo lane is on."""
+        return self.config.visitor_slots > 0 and bool(job.owner)
+
     def _push_queue(self, job: Job) -> None:
         key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
-        heapq.heappush(self._queue, (*key, next(self._seq), job.id))
+        heapq.heappush(self._queue, (0 if self.in_lane(job) else 1, *key, next(self._seq), job.id))
+
+    def _free_slots(self, lane: bool) -> int:
+        """Running slots a queued job may still take: the job set's `max_jobs`, and for a registered
+        job while the demo lane is on also the `visitor_slots` kept for such jobs alone."""
+        cfg = self.config
+        if lane:
+            return cfg.max_jobs + cfg.visitor_slots - len(self.running)
+        in_lane = sum(1 for j in self.running if self.in_lane(self.jobs[j])) if cfg.visitor_slots else 0
+        return cfg.max_jobs - (len(self.running) - min(in_lane, cfg.visitor_slots))
 
     def _admit(self, now: float) -> bool:
         """Give free running slots, in queue order, to queued jobs that can start on the idle
@@ -385,22 +416,24 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         cannot start give theirs back to the queue when a queued job could start."""
         idle = len(self.idle)
         changed = False
-        if self._queue and len(self.running) >= self.config.max_jobs:
-            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
-            if waiting and any(self.jobs[e[-1]].state is JobState.QUEUED and
-                               can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
-                for jid in waiting:
-                    self._requeue(jid, now)
-                changed = True
-        free = len(self.running) < self.config.max_jobs
-        if free and self._queue and not any(can_start(self.jobs[e[-1]].min_nodes, idle) for e in self._queue):
+        startable = [e for e in self._queue if self.jobs[e[-1]].state is JobState.QUEUED
+                     and can_start(self.jobs[e[-1]].min_nodes, idle)]
+        if not startable:
             return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
+        if not any(self._free_slots(self.in_lane(self.jobs[e[-1]])) > 0 for e in startable):
+            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
+            for jid in waiting:
+                self._requeue(jid, now)
+            changed = bool(waiting)
         skipped = []
-        while self._queue and len(self.running) < self.config.max_jobs:
+        while self._queue:
             entry = heapq.heappop(self._queue)
             job = self.jobs[entry[-1]]
             if job.state is not JobState.QUEUED:
                 continue
+            if self._free_slots(self.in_lane(job)) <= 0:
+                skipped.append(entry)     # the lane's jobs come first and have the most room:
+                break                     # nobody after this one has a slot
             if not can_start(job.min_nodes, idle):
                 skipped.append(entry)
                 continue
@@ -440,11 +473,15 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         if self.horizon.jobs:
             reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
+        lane = [i for i, (j, r) in enumerate(zip(jobs, reqs)) if not r.bonus and self.in_lane(j)]
+        for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can
+            reqs[i] = replace(reqs[i], bonus=PROBE_BONUS)
         h = self.horizon
         problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
-        if forced:
-            plan.objective -= PROBE_BONUS * sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
+        if forced or lane:          # the objective reported is the throughput one, without the bonuses
+            plan.objective -= PROBE_BONUS * (sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
+                                             + sum(1 for i in lane if plan.sizes.get(reqs[i].id, 0) > 0))
         self.last_plan = plan
         self.counters.solves += 1
         self.solve_times.add(plan.solve_ms)
@@ -501,7 +538,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 job.samples_done = self.dispatcher.progress(job, now)
                 self._batch.jobs[jid] = job_row(job, self.held.get(jid, []), self.dispatcher.rate(job))
             self._batch.meta["clock"] = now
-            if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
+            if self._timeline_due(now):
                 self._timeline_point(now)
             self._batch.meta["running"] = list(self.running)
             self._batch.meta["counters"] = asdict(self.counters)
@@ -611,7 +648,8 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
             "events": c.events, "events_by_kind": dict(c.by_kind)}
     cfg = ctl.config
     config = {"policy": cfg.policy, "solver": cfg.solver, "objective": cfg.objective,
-              "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "dispatcher": ctl.dispatcher.name,
+              "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "visitor_slots": cfg.visitor_slots,
+              "dispatcher": ctl.dispatcher.name,
               "jpa": advisor is not None, "runs_workers": ctl.dispatcher.takes_reports,
               "horizon": ctl.horizon.to_dict()}
     if advisor is not None:

@@ -105,7 +105,7 @@ class ReplaySettings:
                 "coalesce": self.coalesce, "policy": self.config.policy,
                 "solver": self.config.solver, "objective": self.config.objective,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
-                "queue": self.config.queue, "curves": self.curves, "noise": self.noise,
+                "queue": self.config.queue, "visitor_slots": self.config.visitor_slots, "curves": self.curves, "noise": self.noise,
                 "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups,
                 "gpus_per_node": self.gpus_per_node}
 
@@ -114,7 +114,7 @@ class ReplaySettings:
     def from_key(cls, key: dict) -> "ReplaySettings":
         """The settings a stored run was made with (the inverse of key())."""
         config = ControllerConfig(key["policy"], key["solver"], key["objective"], key["tfwd"],
-                                  key["max_jobs"], key["queue"])
+                                  key["max_jobs"], key["queue"], visitor_slots=key.get("visitor_slots", 0))
         return cls(Path(key["trace"]), Path(key["jobs"]),
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,

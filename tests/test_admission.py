@@ -119,3 +119,47 @@ def test_a_user_may_have_at_most_user_max_jobs_and_staff_are_exempt(app):
         assert app.request("POST", "/api/jobs", spec(f"s{k}"), token=staff)[0] == 201
     assert app.request("DELETE", f"/api/jobs/{ids[0]}", token=alice)[0] == 200
     assert app.request("POST", "/api/jobs", spec("a4"), token=alice)[0] == 201, "an ended job frees a place"
+
+
+def _visitor(jid: str, submit: float, curve=((1, 2, 4), (10.0, 19.0, 35.0))):
+    """A job registered by a person (it has an owner), with a curve far worse than the job set's."""
+    j = job(jid, lo=1, hi=2, total=1e9, curve=curve, submit=submit)
+    j.owner = "alice"
+    return j
+
+
+def test_the_demo_lane_runs_visitors_past_a_full_queue_without_taking_the_job_sets_slots():
+    """max_jobs 2 taken by the job set with more queued, visitor_slots 1: the first visitor runs
+    at once, on nodes, although its curve is the worst; the second waits for the lane; when a job
+    set's job ends, its slot goes to the visitor first in the queue (visitors go first) and the
+    job set keeps its two slots otherwise."""
+    ctl, clock = controller(NODES, ControllerConfig(max_jobs=2, tfwd=1000, visitor_slots=1))
+    for k in range(4):
+        ctl.submit(job(f"set{k}", lo=1, hi=8, total=1e12, submit=T0 + k))
+    clock.advance_to(T0 + 10)
+    ctl.step()
+    assert set(ctl.running) == {"set0", "set1"} and ctl.n_queued == 2
+    ctl.submit(_visitor("v1", T0 + 20))
+    ctl.submit(_visitor("v2", T0 + 21))
+    clock.advance_to(T0 + 30)
+    ctl.step()
+    assert set(ctl.running) == {"set0", "set1", "v1"}, "the lane's slot is the visitor's"
+    assert len(ctl.held["v1"]) >= 1, "a visitor's job gets at least its minimum"
+    assert ctl._free_slots(lane=False) == 0 and ctl._free_slots(lane=True) == 0
+
+    clock.advance_to(T0 + 40)
+    ctl.step([Event(T0 + 40, EventKind.JOB_CANCEL, job="set0")])
+    assert set(ctl.running) == {"set1", "v1", "v2"}, "visitors are first in the queue"
+    clock.advance_to(T0 + 50)
+    ctl.step([Event(T0 + 50, EventKind.JOB_CANCEL, job="v1")])
+    assert set(ctl.running) == {"set1", "v2", "set2"}, "v2 now counts in the lane: the job set has 2 slots again"
+
+
+def test_without_the_lane_a_visitor_waits_its_turn():
+    ctl, clock = controller(NODES, ControllerConfig(max_jobs=2, tfwd=1000))
+    for k in range(3):
+        ctl.submit(job(f"set{k}", lo=1, hi=8, total=1e12, submit=T0 + k))
+    ctl.submit(_visitor("v1", T0 + 20))
+    clock.advance_to(T0 + 30)
+    ctl.step()
+    assert set(ctl.running) == {"set0", "set1"} and ctl.jobs["v1"].state is JobState.QUEUED

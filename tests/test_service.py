@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from core.errors import InputError, SettingsError
+from core.service import Unsupported
 from core.controller import ControllerConfig
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
@@ -119,3 +120,33 @@ def test_speed_is_bounded(harvester):
             harvester.set_speed(bad)
     harvester.set_speed(3600)
     assert harvester.speed == 3600
+
+
+def test_a_job_sent_to_an_ended_replay_is_refused_clearly(tmp_path, small_trace, small_jobs):
+    h = replay_harvester(tmp_path / "ended.db", replace(settings(small_trace, small_jobs), hours=0.05),
+                         speed=3600, tick_s=0.05)
+    h.open()
+    try:
+        wait(lambda: h.snapshot.status == "finished", 20.0, "the replay to end", period=0.05)
+        with pytest.raises(Unsupported, match="the replay has ended"):
+            h.submit(SPEC, "alice")
+    finally:
+        h.close()
+
+
+def test_demo_lane_runs_a_registered_job_past_a_full_queue(tmp_path, small_trace, small_jobs):
+    """With one running slot taken by the job set and the lane on, a visitor's job still runs,
+    on nodes; with the lane off it waits."""
+    for slots, runs in ((1, True), (0, False)):
+        config = ControllerConfig(tfwd=600, max_jobs=1, visitor_slots=slots)
+        h = replay_harvester(tmp_path / f"lane{slots}.db", replace(settings(small_trace, small_jobs), config=config),
+                             speed=600, tick_s=0.05)
+        h.open()
+        try:
+            wait(lambda: h.snapshot.kpis.get("running", 0) >= 1 and h.snapshot.kpis.get("queued", 0) >= 1,
+                 20.0, "the job set to fill its slot and queue", period=0.05)
+            job = h.submit(SPEC, "alice")
+            ran = wait(lambda: (h.snapshot.job(job.id) or {}).get("nodes", 0) > 0, 3.0, period=0.05, fail=False)
+            assert bool(ran) is runs, (slots, h.snapshot.job(job.id))
+        finally:
+            h.close()

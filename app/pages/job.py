@@ -33,6 +33,8 @@ def layout(job_id=None, **_):
             dcc.Graph(id=ids.JOB_CURVE, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_NODES, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_PROGRESS, config={"displayModeBar": False}, className="job-graph"),
+            dcc.Graph(id=ids.JOB_LOSS, config={"displayModeBar": False}, className="job-graph",
+                      style={"display": "none"}),
         ], className="job-graphs"),
         html.P(id=ids.JOB_PROFILE, className="profile-line", style={"display": "none"}),
         html.Div([
@@ -69,23 +71,25 @@ def _queue_position(snap, job_id):
                Output(ids.JOB_PROGRESS, "figure"), Output(ids.JOB_EVENTS, "data"),
                Output(ids.JOB_CANCEL, "style"), Output(ids.JOB_PROFILE, "children"),
                Output(ids.JOB_PROFILE, "style"), Output(ids.JOB_PROBES, "data"), Output(ids.JOB_PROBES_BOX, "style"),
-               Output(ids.JOB_PROBES_TITLE, "children"),
+               Output(ids.JOB_PROBES_TITLE, "children"), Output(ids.JOB_LOSS, "figure"), Output(ids.JOB_LOSS, "style"),
                Input(ids.TICK, "n_intervals"), Input(ids.JOB_ID, "data"))
 def update_job(n, job_id):
     if n and n % 2:       # every other second is plenty for one job
-        return (no_update,) * 12
+        return (no_update,) * 14
     hidden = {"display": "none"}
     h, hist = context.harvester, context.history
     snap = h.snapshot
     job = h.job(job_id) if job_id else None
     info = snap.job(job_id) if job_id else None
     if job is None or info is None:
-        return html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, ""
+        return (html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, "",
+                _empty(), hidden)
     cfg = snap.config
     profile = finite(h.profile(job_id))
     span, learned = horizon_of(cfg, job_id)
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
                cfg["max_jobs"], span, cfg["policy"], _queue_position(snap, job_id), profile, learned)
+    workers = (h.worker_status(job_id) or {}) if cfg.get("runs_workers") else {}
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
@@ -102,6 +106,7 @@ def update_job(n, job_id):
                   + (" (learned)" if profile else ""),
                   f"{_pause(profile['scale_up_seconds'] if profile else job.scale_up_seconds)} / "
                   f"{_pause(profile['scale_down_seconds'] if profile else job.scale_down_seconds)}"),
+            *learning_facts(workers),
         ], className="facts"),
     ])
     user = context.current_user()
@@ -116,7 +121,31 @@ def update_job(n, job_id):
             nodes_figure(allocs, snap.time, info, axis),
             progress_figure(thr, snap.time, info, job.total_samples, axis),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
-            probe_rows(profile), shown, probes_title(profile))
+            probe_rows(profile), shown, probes_title(profile),
+            loss_figure(workers.get("losses") or [], info), {} if cfg.get("runs_workers") else hidden)
+
+
+def learning_facts(workers: dict) -> list:
+    """The last loss and metrics rank 0 reported (`done_step(loss=..., **metrics)`)."""
+    out = []
+    if workers.get("loss") is not None:
+        out.append(_fact("loss", f'{workers["loss"]:.4g}', ids.JOB_LOSS + "-now"))
+    for name, value in sorted((workers.get("metrics") or {}).items())[:6]:
+        out.append(_fact(str(name), f"{value:.4g}"))
+    return out
+
+
+def loss_figure(losses: list, info: dict) -> dict:
+    """Loss against step, as the job reported it: does it learn?"""
+    if not losses:
+        return empty_figure("Loss", "no loss reported yet" if info["state"] != "queued" else _not_yet(info))
+    steps, values = [p[0] for p in losses], [p[1] for p in losses]
+    return {"data": [{"type": "scatter", "mode": "lines+markers", "x": steps, "y": values,
+                      "marker": {"size": 4}, "line": {"color": "#b48ead"}, "name": "loss",
+                      "hovertemplate": "step %{x}: loss %{y:.4g}<extra></extra>"}],
+            "layout": {"title": {"text": "Loss (reported by rank 0)", "font": {"size": 13}}, "height": 280,
+                       "margin": MARGIN, "xaxis": {"title": {"text": "step"}, "rangemode": "tozero"},
+                       "yaxis": {"title": {"text": "loss"}}}}
 
 
 LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",

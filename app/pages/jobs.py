@@ -180,5 +180,26 @@ def register(n_clicks, *values):
         return blank + [html.Span(str(e), className="error")]
     except RuntimeError as e:
         return blank + [html.Span(str(e), className="error")]
-    return blank + [html.Span(["Registered ", dcc.Link(job.id, href=f"/jobs/{job.id}"), f" ({job.name})."],
-                              className="ok")]
+    return blank + [html.Span(["Registered ", dcc.Link(job.id, href=f"/jobs/{job.id}"), f" ({job.name}). ",
+                               where_in_queue(context.harvester.snapshot, job.id)], className="ok")]
+
+
+def where_in_queue(snap, job_id: str) -> str:
+    """What a person who just registered a job wants to know: when it will start."""
+    cfg = snap.config
+    lane, max_jobs = cfg.get("visitor_slots", 0), cfg.get("max_jobs", 0)
+    queued = sorted((j for j in snap.jobs if j["state"] == "queued"), key=lambda j: j["submit_time"])
+    mine = next((j for j in queued if j["id"] == job_id), None)
+    if mine is None:
+        return ""
+    running = [j for j in snap.jobs if j["state"] == "running"]
+    if lane and mine["owner"]:
+        ahead = sum(1 for j in queued if j["owner"] and j["submit_time"] <= mine["submit_time"]) - 1
+        free = max_jobs + lane - len(running)
+        if ahead < free:
+            return (f"Demo lane: registered jobs go ahead of the job set's {len(queued) - 1 - ahead:,} queued; "
+                    "it starts at the next step (seconds) and gets nodes first.")
+        return f"Demo lane: number {ahead + 1} among registered jobs; it starts when one of them ends."
+    position = queued.index(mine) + 1
+    return (f"Number {position:,} in the queue; {len(running)} of at most {max_jobs} jobs are running, "
+            f"so it starts when {position} of them {'has' if position == 1 else 'have'} ended.")

@@ -27,11 +27,14 @@ A worker whose heartbeat has not changed for `heartbeat_timeout_s` (hung, partit
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from . import protocol as P
 from .ranks import nodes_of
+
+LOSS_POINTS = 200      # the loss history kept per job: thinned to every other point past twice this
 
 __all__ = ["Instant", "Send", "Generation", "Worker", "Pending", "RegroupState", "RegroupMachine"]
 
@@ -162,6 +165,7 @@ class RegroupState:
         self.max_committed = 0
         self.lost_steps = 0
         self.progress: dict = {}
+        self.losses: list[tuple[int, float]] = []     # (step, loss) as rank 0 reported them
         self.size_since: Optional[float] = None
         self.failures_in_row = 0
         self.error = ""
@@ -208,6 +212,8 @@ class RegroupState:
             "step_time_s": prog.get("step_time_s"),
             "samples_per_second": prog.get("samples_per_second"),
             "loss": prog.get("loss"),
+            "losses": [list(p) for p in self.losses],
+            "metrics": {k: v for k, v in (prog.get("metrics") or {}).items() if k != "rank_samples"},
             "size_since": self.size_since,
             "last_rescale": cur.public() if cur else None,
             "finished": self.phase == PH_FINISHED,
@@ -335,8 +341,19 @@ class RegroupMachine(RegroupState):
         cur = self.current
         if prog and cur is not None and prog.get("gen") == cur.gen:
             self.progress = prog
+            self._keep_loss(int(prog.get("step", 0)), prog.get("loss"))
             if self.phase == PH_RUNNING and int(prog.get("step", 0)) > self.committed:
                 self._set_committed(int(prog["step"]))
+
+    def _keep_loss(self, step: int, loss: Any) -> None:
+        """A bounded history of the loss, so a user sees the job learn (the job page, the API)."""
+        if not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            return
+        if self.losses and step <= self.losses[-1][0]:
+            return
+        self.losses.append((step, float(loss)))
+        if len(self.losses) > 2 * LOSS_POINTS:
+            self.losses = self.losses[::-2][::-1]         # every other point, the newest kept
 
     def tick(self, now: Instant) -> list[Send]:
         """Time passes: act on what is pending (stop, start the next generation, send exits)."""

@@ -21,6 +21,9 @@ from ..store import Store
 from ..storelock import StoreLock
 from .base import Capabilities, Harvester, new_job_id
 
+#: seconds between live timeline points when nothing changes (every change is a point of its own)
+LIVE_TIMELINE_EVERY_S = 5.0
+
 
 class LiveHarvester(Harvester):
     def __init__(self, db: Path, source: LiveNodeSource, dispatcher: Dispatcher,
@@ -62,6 +65,7 @@ class LiveHarvester(Harvester):
         else:
             ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
+        ctl.timeline_every, ctl.timeline_on_change = LIVE_TIMELINE_EVERY_S, True   # charts follow every rescale
         self._begin_life(ctl, last, {"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
 

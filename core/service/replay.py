@@ -18,7 +18,7 @@ from ..runners import ReplayRunner
 from ..schemas import JobSpec
 from ..settings import check_speed
 from ..store import Store
-from .base import Capabilities, Harvester, new_job_id
+from .base import Capabilities, Harvester, Unsupported, new_job_id
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,12 @@ class ReplayHarvester(Harvester):
 
     def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
         """A replayed job runs at the curve it is given; with hidden curves (`--curves learned`)
-        the allocator does not see it, as for the job set's jobs."""
+        the allocator does not see it, as for the job set's jobs. A replay that has ended takes
+        no more jobs: nothing would ever run them."""
+        runner = self.runner
+        if runner is not None and runner.status == "finished":
+            raise Unsupported("the replay has ended: no job would run any more; staff can restart it or "
+                              "start a new run on the Replay page")
         if spec.curve is None:
             raise ValueError("curve: a simulated job runs at the curve it is given; give one "
                              "(only jobs on real workers may leave it to the profiler)")
