@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--node-list", type=Path)
     g.add_argument("--nodes", help="replay: use the first N nodes; live: the node inventory file")
     g.add_argument("--racks")
-    g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START})")
+    g.add_argument("--start", help=f"window start, ISO 8601 (default {DEFAULT_START} on the Summit trace, "
+                                   "the beginning of any other)")
     g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
     g.add_argument("--policy", choices=POLICIES)
     g.add_argument("--tfwd", type=tfwd_arg, help="seconds the allocator looks ahead, or auto: learned from the "
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def replay_settings(args) -> tuple[dict, float]:
     """The replay part of the settings: the defaults, then --scenario's file, then the flags."""
-    s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "start": DEFAULT_START, "speed": 60.0,
+    s: dict = {"trace": str(DEFAULT_TRACE), "jobs": str(DEFAULT_JOBS), "speed": 60.0,
                "visitor_slots": DEMO_VISITOR_SLOTS}
     if args.scenario:
         try:
@@ -143,6 +144,8 @@ def replay_settings(args) -> tuple[dict, float]:
         s.update(loaded)
     s.update({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
               if k in SCENARIO_KEYS and v is not None})
+    if "start" not in s and s["trace"] == str(DEFAULT_TRACE):
+        s["start"] = DEFAULT_START       # the demo's window; another trace starts at its beginning
     if s.get("nodes") is not None:
         try:
             s["nodes"] = int(s["nodes"])

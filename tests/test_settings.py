@@ -121,7 +121,10 @@ def test_the_command_line_becomes_settings():
                                       "--speed", "120"])
     s = settings_from(args)
     assert s.live is None and s.speed == 120.0 and s.db == Path("x.db")
-    assert s.replay.hours == 3.0 and s.replay.nodes == 40 and s.replay.config == ControllerConfig(tfwd=60.0)
+    assert s.replay.hours == 3.0 and s.replay.nodes == 40 and s.replay.config == ControllerConfig(tfwd=60.0, visitor_slots=2)
+    assert s.replay.start == "2021-02-10T20:00:00Z", "the demo's window on the Summit trace"
+    other = settings_from(build_parser().parse_args(["--db", "x.db", "--trace", "other.csv", "--visitor-slots", "0"]))
+    assert other.replay.start is None and other.replay.config.visitor_slots == 0, "another trace from its start"
     auto = settings_from(build_parser().parse_args(["--db", "x.db", "--tfwd", "auto"]))
     assert auto.replay.config.tfwd == "auto" and auto.replay.config.learns_horizon
     args = build_parser().parse_args(["--dispatch", "local", "--local-nodes", "3", "--port", "9000",
