@@ -84,6 +84,8 @@ def update_job(n, job_id):
     if job is None or info is None:
         return (html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, "",
                 _empty(), hidden)
+    if job.state.finished and job.state.value != info["state"]:
+        return (no_update,) * 14     # it ended after this snapshot was taken: the next one agrees
     cfg = snap.config
     profile = finite(h.profile(job_id))
     span, learned = horizon_of(cfg, job_id)
