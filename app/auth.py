@@ -210,19 +210,13 @@ def stored_key(db: Path) -> Optional[str]:
 
 
 def _write_key(path: Path, key: str) -> None:
-    """Write the key to a private temporary file, flush it to disk, then link it in place: a crash
-    leaves either no key file or a whole one; a racing process's key wins if it was first."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """Link a whole private copy of the key in place: a crash leaves either no key file or a
+    whole one; a racing process's key wins if it was first."""
+    tmp = _private_copy(path, key)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -230,14 +224,24 @@ def _write_key(path: Path, key: str) -> None:
 def write_private(path: Path, text: str) -> None:
     """Replace `path` with `text` at once (a crash leaves the old file or the new), readable by
     this Unix user only."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = _private_copy(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _private_copy(path: Path, text: str) -> Path:
+    """`text` in a new file beside `path`, mode 0600, flushed to disk."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return tmp

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.browser import browser  # noqa: F401  (one headless Chromium per module that asks)
 from tests.support.files import write_jobset, write_trace
 from tests.support.netns import netns_cluster  # noqa: F401  (3 hosts in network namespaces, per module that asks)
 from tests.support.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)

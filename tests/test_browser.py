@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, password, start_app
+from tests.support.browser import SHOTS, shoot as take_shot
+from tests.support.server import browser_or_skip, password, start_app
 
 sync_api = browser_or_skip()
 
-SHOTS = ROOT / "build" / "screenshots"
 VIEWPORT = {"width": 1600, "height": 1000}
 N_NODES = 4734
 SPEED = 300
@@ -48,14 +48,6 @@ def server(tmp_path_factory):
     yield app
     rc = app.stop()
     assert rc == 0, app.output()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Watched:
@@ -162,11 +154,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def shoot(page, name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=False)
+    path = take_shot(page, name)
     assert png_size(path) == (VIEWPORT["width"], VIEWPORT["height"])
-    assert path.stat().st_size > 10_000, f"{path} is suspiciously small"
     return path
 
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, ROOT, browser_or_skip, password, start_app
+from tests.support.browser import shoot
+from tests.support.server import browser_or_skip, password, start_app
 
 sync_api = browser_or_skip()
 
-SHOTS = ROOT / "build" / "screenshots"
 VIEWPORT = {"width": 1600, "height": 1000}
 SPEED = 300
 
@@ -25,14 +25,6 @@ def server(tmp_path_factory):
     yield app
     rc = app.stop()
     assert rc == 0, app.output()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +54,6 @@ def health(server) -> dict:
     return body
 
 
-def shoot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
 def open_replay(page, server) -> None:
     page.goto(server.url + "/replay")
     page.wait_for_function("() => document.querySelector('#rp-state')?.innerText?.includes('nodes')",
@@ -94,7 +81,7 @@ def test_bad_replay_input_is_a_field_error_and_the_run_goes_on(server, staff, fi
     for other in ("start", "hours", "nodes", "racks", "gpus", "tfwd", "speed"):
         if other != field:
             assert staff.inner_text(f"#rp-{other}-error") == "", other
-    shoot(staff, f"replay-error-{field}")
+    shoot(staff, f"dashboard-replay-error-{field}", full=True)
     time.sleep(1.5)
     after = health(server)
     assert not staff.dialogs, f"a refused run still asked for confirmation: {staff.dialogs}"
@@ -169,7 +156,7 @@ def test_queued_job_page_says_no_data_yet(server, staff):
             assert staff.locator(f"#{graph} .xtick").count() == 0, f"{graph} draws default axes"
             assert "no data yet" in staff.inner_text(f"#{graph}")
         assert "2000" not in staff.inner_text("#job-nodes")
-        shoot(staff, "job-queued")
+        shoot(staff, "dashboard-job-queued", full=True)
     finally:
         assert server.request("POST", "/api/replay/resume", {}, token=staff_token)[0] == 200
 
@@ -198,14 +185,14 @@ def test_cluster_and_allocator_charts_read_at_a_glance(server, staff):
     legend = staff.inner_text("#legend")
     assert any(f'{j["id"]} {j["name"]} · ' in legend for j in running), legend
     time.sleep(1)
-    shoot(staff, "cluster")
+    shoot(staff, "dashboard-cluster", full=True)
 
     staff.goto(server.url + "/allocator")
     staff.wait_for_function(plot_js("solve-hist", "g.data.length > 0 && g.data[0].y.length > 0"), timeout=15_000)
     assert staff.evaluate(plot_js("solve-hist", "g.layout.yaxis.type")) in (None, "linear", "-")
     assert staff.evaluate(plot_js("solve-hist", "Number.isInteger(g.layout.yaxis.dtick)"))
     assert staff.evaluate(plot_js("solve-hist", "g.layout.xaxis.title.text")) == "solve time (ms)"
-    shoot(staff, "allocator")
+    shoot(staff, "dashboard-allocator", full=True)
 
 
 # ---- item 4: the jobs page opens on running jobs --------------------------------------------------
@@ -224,7 +211,7 @@ def test_jobs_page_opens_on_running_jobs_with_the_form_in_view(server, staff):
     box = staff.locator("#job-form-name").bounding_box()
     assert box is not None and box["y"] + box["height"] <= VIEWPORT["height"], f"the form is below the fold: {box}"
     assert not staff.locator("#job-form-command").is_visible(), "a replay's form shows the live-only Command field"
-    shoot(staff, "jobs")
+    shoot(staff, "dashboard-jobs", full=True)
 
 
 # ---- item 2: a visitor's job runs in the demo ----------------------------------------------------
@@ -256,7 +243,7 @@ def test_a_job_registered_through_the_form_runs_within_two_simulated_minutes(ser
             time.sleep(0.2)
         assert job["state"] == "running" and job["nodes"] > 0, job
         assert job["start_time"] - job["submit_time"] <= 120, job
-        shoot(staff, "jobs-registered")
+        shoot(staff, "dashboard-jobs-registered", full=True)
     finally:
         assert server.request("POST", "/api/replay/speed", {"speed": SPEED}, token=token)[0] == 200
 
@@ -286,7 +273,7 @@ def test_job_page_events_fit_and_name_the_nodes_of_each_rescale(server, staff):
     assert changed, rows
     for r in changed:
         assert re.match(r"^[+−]\d+: [a-h]\d\dn\d\d", r[2]), f"a rescale row without its nodes: {r}"
-    shoot(staff, "job-running")
+    shoot(staff, "dashboard-job-running", full=True)
     width = staff.evaluate("() => document.documentElement.scrollWidth")
     assert width <= VIEWPORT["width"], f"the page is {width} px wide"
     status, jobs = server.get("/api/jobs?state=running")
@@ -337,7 +324,7 @@ def test_live_mode_shows_no_replay(live, browser):
         page.wait_for_selector("#solver-runs")
         assert "(sim)" not in page.inner_text("main")
         assert "Objective:" in page.inner_text("main")
-        shoot(page, "live-allocator")
+        shoot(page, "dashboard-live-allocator", full=True)
     finally:
         ctx.close()
 

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, ROOT, browser_or_skip, start_app
+from tests.support.browser import shoot
+from tests.support.server import ROOT, browser_or_skip, start_app
 from tests.support.waiting import wait
 
 sync_api = browser_or_skip()
 
-SHOTS = ROOT / "build" / "screenshots"
 VIEWPORT = {"width": 1600, "height": 1000}
 GLOBAL_BATCH = 64
 
@@ -27,14 +27,6 @@ def live(tmp_path_factory):
                     "--local-nodes", "3", "--no-profiler", "--tfwd", "60")
     yield app
     assert app.stop() == 0, app.output()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _plot(page, graph_id: str) -> list:
@@ -102,9 +94,8 @@ def test_a_rescale_shows_within_10_s_and_the_loss_is_on_the_job_page(live, brows
         # the timeline kept the step: a point at 3 used nodes, then one at 2 (not one smoothed line)
         used = _plot(cluster, "timeline-nodes")[0]["y"]
         assert 3 in used and used[-1] == 2, used
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        cluster.screenshot(path=str(SHOTS / "live-cluster.png"), full_page=True)
-        job_page.screenshot(path=str(SHOTS / "live-job.png"), full_page=True)
+        shoot(cluster, "live-cluster", full=True)
+        shoot(job_page, "live-job", full=True)
     finally:
         ctx.close()
         live.request("DELETE", f"/api/jobs/{jid}", token=token)

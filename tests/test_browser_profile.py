@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from app.grid import N_CODES, PROBE_COLOURS
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, browser_or_skip, ROOT, start_app
+from tests.support.browser import shoot
+from tests.support.server import browser_or_skip, start_app
 
 sync_api = browser_or_skip()
 
-SHOTS = ROOT / "build" / "screenshots"
 VIEWPORT = {"width": 1600, "height": 1000}
 WORDS = ("prior", "given", "low", "medium", "high")
 CURVE_JS = "document.querySelector('#job-curve .js-plotly-plot')"
@@ -32,14 +31,6 @@ def server(tmp_path_factory):
                     "--start", "2021-02-10T20:20:00Z", "--speed", "600")
     yield app
     assert app.stop() == 0, app.output()[-3000:]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture
@@ -67,14 +58,6 @@ def probed_job(server, timeout: float = 40) -> tuple[str, dict]:
                 return j["id"], p
         time.sleep(0.5)
     raise AssertionError(f"no job was probed and measured within {timeout} s:\n{server.output()[-2000:]}")
-
-
-def shoot(pg, name: str, full: bool = False) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"profile-{name}.png"
-    pg.screenshot(path=str(path), full_page=full)
-    assert path.stat().st_size > 10_000, f"{path} is suspiciously small"
-    return path
 
 
 def test_job_page_draws_what_the_profiler_learned(server, page):
@@ -116,7 +99,7 @@ def test_job_page_draws_what_the_profiler_learned(server, page):
     forced = [x for x in profile["probes"] if x["kind"] != "try"]    # may be on a later page of the table
     assert forced and all(x["why"].startswith(("probe at", "back to", "climb to")) for x in forced), forced
     time.sleep(0.5)
-    shoot(page, "job", full=True)
+    shoot(page, "profile-job", full=True)
 
 
 def test_jobs_table_has_a_curve_column_that_filters(server, page):
@@ -143,7 +126,7 @@ def test_jobs_table_has_a_curve_column_that_filters(server, page):
         return rows.length > 0 && rows.every(td => td.innerText.trim() === '{word}'); }}""", timeout=10_000)
     count = page.inner_text("#jobs-count")
     assert re.match(r"[\d,]+ jobs?$", count), count
-    shoot(page, "jobs")
+    shoot(page, "profile-jobs")
 
 
 def test_grid_legend_explains_the_probing_shade(server, page):
@@ -155,4 +138,4 @@ def test_grid_legend_explains_the_probing_shade(server, page):
     # the probing shades are in the grid's colour scale: a probing cell has a colour of its own
     scale = page.evaluate("() => document.querySelector('#grid .js-plotly-plot').data[0].colorscale")
     assert len(scale) == 2 * N_CODES and {c for _, c in scale} >= set(PROBE_COLOURS)
-    shoot(page, "cluster")
+    shoot(page, "profile-cluster")

@@ -9,11 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, ROOT, browser_or_skip, password, start_app
+from tests.support.browser import shoot
+from tests.support.server import browser_or_skip, password, start_app
 from tests.support.waiting import wait
 
 sync_api = browser_or_skip()
-SHOTS = ROOT / "build" / "screenshots"
 PAGES = ("/", "/jobs", "/allocator", "/replay", "/login")
 HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy")
 
@@ -24,14 +24,6 @@ def server(tmp_path_factory):
                     "--local-nodes", "4", "--tick", "0.1")
     yield app
     app.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Watched:
@@ -147,8 +139,7 @@ def test_every_page_renders_under_the_csp_with_its_headers(server, staff):
     page.goto(server.url + "/")
     page.wait_for_function("() => { const g = document.querySelector('#grid .js-plotly-plot');"
                            " return !!(g && g.data && g.data[0].z); }", timeout=15_000)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "csp-cluster.png"))
+    shoot(page, "csp-cluster")
     seen = {r.url.removeprefix(server.url).split("?")[0] for r in responses if r.url.startswith(server.url)}
     assert "/_dash-update-component" in seen and any(s.startswith("/_dash-component-suites/") for s in seen)
     for r in responses:
@@ -194,7 +185,7 @@ def test_a_job_name_with_tags_shows_the_tags_in_the_grids_hover(server, staff):
     shown = page.evaluate("() => document.querySelector('#grid .hoverlayer .hovertext').textContent")
     assert name in shown, shown
     assert page.locator("#grid .hoverlayer .hovertext tspan[style*='bold']").count() <= 1   # the node name only
-    page.screenshot(path=str(SHOTS / "hover-escaped.png"))
+    shoot(page, "hover-escaped")
     server.request("DELETE", f"/api/jobs/{job}", token=server.token("alice"))
 
 
@@ -212,5 +203,5 @@ def test_a_throttled_login_says_when_to_try_again(server, browser):
         page.wait_for_function("() => document.querySelector('#login-result')?.innerText", timeout=10_000)
     assert statuses == [401] * 5 + [429], statuses
     assert re.search(r"Too many failed logins; try again in \d+ s\.", page.inner_text("#login-result"))
-    page.screenshot(path=str(SHOTS / "login-throttled.png"))
+    shoot(page, "login-throttled")
     ctx.close()
