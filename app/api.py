@@ -193,7 +193,7 @@ def submit():
     except ValidationError as e:
         return _err(422, "invalid job", errors=field_errors(e))
     try:
-        job = context.harvester.submit(spec, user.name, staff=user.is_staff)
+        job = context.harvester.submit(spec, user.name, staff=user.is_staff, unix=user.unix)
     except Unsupported as e:
         return _err(409, str(e))
     except ValueError as e:
