@@ -22,10 +22,10 @@ from core.admission import runs_as
 from core.errors import SettingsError
 from core.settings import HarvesterSettings
 from core.transports.runas import RunAs
+from tests.support.accounts import LAUNCHER, unix_account
 from tests.support.server import ROOT, password, start_app, write_users
 from tests.support.waiting import wait
 
-LAUNCHER = "sudo -n -u {user} --preserve-env={env} --"
 #: what the job does as its account: who it is, what it may read, a file of its own, then done
 SCRIPT = r"""
 echo "whoami=$(id -un) uid=$(id -u)"
@@ -84,34 +84,10 @@ def test_the_users_file_takes_a_unix_account(tmp_path):
 
 
 # ---- for real: a Unix account of the test's own -------------------------------------------------
-def _need_root_and_sudo() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("creating a Unix account needs root")
-    if shutil.which("sudo") is None:
-        pytest.skip("sudo is missing (make test installs it)")
-
-
 @pytest.fixture
 def account() -> Iterator[str]:
-    """A Unix account made for this test (no home, no login shell), with its processes and itself
-    removed at the end."""
-    _need_root_and_sudo()
-    name = f"harvtest{os.getpid()}"
-    subprocess.run(["userdel", name], capture_output=True)
-    subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
-                   check=True, capture_output=True)
-    uid = pwd.getpwnam(name).pw_uid
-    try:
+    with unix_account() as name:
         yield name
-    finally:
-        left = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True).stdout.split()
-        for pid in left:
-            try:
-                os.kill(int(pid), 9)
-            except ProcessLookupError:
-                pass
-        subprocess.run(["userdel", name], capture_output=True)
-        assert not left, f"processes of {name} were left: {left}"
 
 
 @pytest.fixture
@@ -141,10 +117,19 @@ def _job(app, token: str, db: Path, users: Path, name: str = "as-owner") -> tupl
         "command": ["/bin/sh", "-c", SCRIPT, "job", str(db), str(users), str(app.proc.pid)]}, token=token)
 
 
-def test_a_mapped_users_job_runs_as_their_account_and_cannot_read_the_harvesters_files(account, shared_dir):
+@pytest.mark.parametrize("dispatch", ["local", "ssh"])
+def test_a_mapped_users_job_runs_as_their_account_and_cannot_read_the_harvesters_files(request, dispatch, account,
+                                                                                     shared_dir):
     users = _users(shared_dir / "users.json", account)
-    app = start_app(shared_dir, "--fresh", "--dispatch", "local", "--local-nodes", "1", "--tick", "0.1",
-                    "--profile-sizes", "0", "--run-as", LAUNCHER, users=users, timeout=120)
+    if dispatch == "local":
+        where = ["--dispatch", "local", "--local-nodes", "1"]
+    else:       # ssh to a real sshd (as root), then the launcher on the "node"
+        sshd = request.getfixturevalue("sshd_server")
+        (shared_dir / "nodes.txt").write_text("node0 node0\n")
+        where = ["--dispatch", "ssh", "--nodes", str(shared_dir / "nodes.txt"), "--ssh-config",
+                 str(sshd.client_config), "--workdir", str(shared_dir)]
+    app = start_app(shared_dir, "--fresh", *where, "--tick", "0.1", "--profile-sizes", "0", "--run-as", LAUNCHER,
+                    users=users, timeout=120)
     try:
         db = app.db
         status, body = _job(app, app.token("bob"), db, users, "unmapped")
@@ -152,6 +137,7 @@ def test_a_mapped_users_job_runs_as_their_account_and_cannot_read_the_harvesters
         status, job = _job(app, app.token("alice"), db, users)
         assert status == 201, job
         get = lambda: app.get(f"/api/jobs/{job['id']}")[1]
+        assert get()["run_as"] == account
         wait(lambda: get()["state"] in ("done", "failed"), 120, "the job to end", get)
         assert get()["state"] == "done", get()
         logs = list(Path(str(db) + ".workers", job["id"]).glob("*.log"))
