@@ -1,4 +1,5 @@
-"""Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`.
+"""Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`
+(`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`).
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
 its hash is written. A running server re-reads the file within a second: `passwd` revokes the
@@ -70,7 +71,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     add = sub.add_parser("add", help="add a user or change their password/role")
     add.add_argument("--role", choices=ROLES, default="user")
     add.add_argument("--unix", default="", metavar="ACCOUNT",
-                     help="the Unix account this user's jobs run as (with python -m app --run-as)")
+                     help="the Unix account this user's jobs run as (with python -m app --run-as); add "
+                          "replaces the user's entry, so leaving it out removes a mapping")
     pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
     for p in (add, pw, rm):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from core.admission import runs_as
 from core.errors import SettingsError
 from core.settings import HarvesterSettings
+from core.store import Store
 from core.transports.runas import RunAs
 from tests.support.accounts import LAUNCHER, unix_account
 from tests.support.server import ROOT, password, start_app, write_users
@@ -81,6 +83,26 @@ def test_the_users_file_takes_a_unix_account(tmp_path):
     from app.auth import Users
     assert Users.load(users).get("alice").unix == "alice1"
     assert stat.S_IMODE(users.stat().st_mode) == 0o600
+
+
+def test_a_store_made_before_is_made_private_at_start(tmp_path):
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    for p in tmp_path.iterdir():
+        p.chmod(0o644)
+    store = Store(db)
+    try:
+        store.meta("live")
+        for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+        fresh = Store(tmp_path / "new.db")
+        assert stat.S_IMODE((tmp_path / "new.db").stat().st_mode) == 0o600
+        fresh.close()
+    finally:
+        store.close()
 
 
 # ---- for real: a Unix account of the test's own -------------------------------------------------
