@@ -23,12 +23,13 @@ demo: $(VENV)/.runtime
 	$(PY) -m app $(DEMO_ARGS)
 
 # Browser tests drive Debian's chromium through Playwright (no browser download needed);
-# the SSH tests start their own sshd on loopback; the Slurm tests their own munged, slurmctld
+# the SSH tests start their own sshd on loopback; the run-as tests make a Unix account and use sudo; the Slurm tests their own munged, slurmctld
 # and slurmd (Debian's Slurm 22.05). lint-imports checks the architecture contract (.importlinter).
 test: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 	@test -x /usr/sbin/ip || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
+	@command -v sudo >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sudo >/dev/null; }
 	@test -x /usr/sbin/slurmctld || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest

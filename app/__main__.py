@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--worker-env", default="", metavar="NAME,...",
                       help="live: variables of this process that workers also get (a site's, e.g. "
                            "LD_LIBRARY_PATH); workers otherwise inherit only PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR")
+    live.add_argument("--run-as", default="", metavar="LAUNCHER",
+                      help="live: run each job as its owner's Unix account (the users file's unix field) "
+                           "with this prefix, {user} the account and {env} the names of the variables "
+                           "workers get, e.g. 'sudo -n -u {user} --preserve-env={env} --'")
+    live.add_argument("--trust-user-commands", action="store_true",
+                      help="live: let every login run commands as the harvester's own Unix account where "
+                           "no account is mapped (default: only staff)")
     live.add_argument("--profile-sizes", type=int, default=3,
                       help="live: sizes the profiler measures each new job at, whatever it costs (default 3; "
                            "0: only where learning pays)")
@@ -165,6 +172,7 @@ def live_settings(args) -> dict:
             "inventory": args.nodes, "ssh_config": args.ssh_config, "workdir": args.workdir,
             "advertise": args.advertise, "bind": args.bind,
             "worker_env": tuple(n.strip() for n in args.worker_env.split(",") if n.strip()),
+            "run_as": args.run_as, "trust_user_commands": args.trust_user_commands,
             "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
             "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
             "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout}}

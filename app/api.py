@@ -163,6 +163,8 @@ def job(job_id):
     body["curve"] = job.curve.to_dict()
     body["scale_up_seconds"], body["scale_down_seconds"] = job.scale_up_seconds, job.scale_down_seconds
     body["launcher"] = job.launcher
+    if job.run_as:
+        body["run_as"] = job.run_as
     if job.launcher == LAUNCHER_TORCHRUN:
         body["progress_pattern"], body["stop_grace_seconds"] = job.progress_pattern, job.stop_grace_seconds
     st = h.worker_status(job_id)
@@ -193,7 +195,7 @@ def submit():
     except ValidationError as e:
         return _err(422, "invalid job", errors=field_errors(e))
     try:
-        job = context.harvester.submit(spec, user.name, staff=user.is_staff)
+        job = context.harvester.submit(spec, user.name, staff=user.is_staff, unix=user.unix)
     except Unsupported as e:
         return _err(409, str(e))
     except ValueError as e:

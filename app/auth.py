@@ -2,7 +2,8 @@
 
 Users come from a JSON file of hashed passwords (`python -m app.users add NAME`), named by
 `--users` or `HARVEST_USERS_FILE`, or from `HARVEST_USERS` holding the same JSON. Roles:
-`staff` may pause the harvester and cancel any job, `user` only their own. The web app keeps
+`staff` may pause the harvester and cancel any job, `user` only their own; a user's `unix` field
+names the Unix account their jobs run as (where the site has a launcher, `--run-as`). The web app keeps
 the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
 (signed with the same secret, valid for `TOKEN_TTL_S`). Both carry a stamp of the user's
 password hash: changing the password (`python -m app.users passwd`) revokes every token and
@@ -25,6 +26,8 @@ from typing import Optional
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from core.settings import UNIX_NAME
+
 ROLES = ("staff", "user")
 TOKEN_TTL_S = 7 * 24 * 3600
 MIN_KEY_CHARS = 32
@@ -38,6 +41,7 @@ class User:
     name: str
     role: str
     password_hash: str
+    unix: str = ""          # the Unix account this login's jobs run as, where the site maps them
 
     @property
     def is_staff(self) -> bool:
@@ -94,7 +98,11 @@ class Users:
                 raise ValueError(f"{source}: user {name}: role must be staff or user")
             if name in users:
                 raise ValueError(f"{source}: user {name} listed twice")
-            users[name] = User(name, role, ph)
+            unix = row.get("unix") or ""
+            if not isinstance(unix, str) or (unix and not UNIX_NAME.match(unix)):
+                raise ValueError(f"{source}: user {name}: unix must be a Unix account name (lower case, "
+                                 f"at most 32 characters), not {unix!r}")
+            users[name] = User(name, role, ph, unix)
         return cls(users, source)
 
     @classmethod

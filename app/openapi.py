@@ -62,7 +62,10 @@ def document(version: str = "1") -> dict:
                 "properties": {"id": {"type": "string"}, "name": {"type": "string"}, "owner": {"type": "string"},
                                "state": {"type": "string"}, "nodes": {"type": ["integer", "null"]},
                                "ranks": {"type": ["integer", "null"]},
-                               "progress": {"type": ["number", "null"]}}},
+                               "progress": {"type": ["number", "null"]},
+                               "run_as": {"type": "string",
+                                          "description": "one job: the Unix account its command runs as, where "
+                                                         "the site maps logins (absent: the harvester's own)"}}},
         "JobList": {"type": "object", "required": ["jobs"],
                     "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
                                    "count": {"type": "integer"}, "total": {"type": "integer"},
@@ -107,7 +110,8 @@ def document(version: str = "1") -> dict:
                      "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
                                    "422": _error("refused: `errors` says why, per field (a job too large for "
-                                                 "this site, or too many jobs of this user); nothing stored"),
+                                                 "this site, too many jobs of this user, or a command this "
+                                                 "user may not run here); nothing stored"),
                                    "409": _error("the replay has ended: nothing would run the job"),
                                    "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}": {

@@ -1,4 +1,5 @@
-"""Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`.
+"""Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`
+(`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`).
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
 its hash is written. A running server re-reads the file within a second: `passwd` revokes the
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Optional
 
 from werkzeug.security import generate_password_hash
+
+from core.settings import UNIX_NAME
 
 from .auth import ROLES, Users, write_private
 
@@ -55,8 +58,11 @@ def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
         return others + [{**mine, "password_hash": generate_password_hash(read_password(args.password_stdin))}]
     if not args.name.strip() or not args.name.isprintable():
         raise Refusal("the name must be printable text")
-    return others + [{"name": args.name, "role": args.role,
-                      "password_hash": generate_password_hash(read_password(args.password_stdin))}]
+    if args.unix and not UNIX_NAME.match(args.unix):
+        raise Refusal(f"--unix: {args.unix!r} is not a Unix account name (lower case, at most 32 characters)")
+    row = {"name": args.name, "role": args.role,
+           "password_hash": generate_password_hash(read_password(args.password_stdin))}
+    return others + [{**row, "unix": args.unix} if args.unix else row]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -64,6 +70,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     add = sub.add_parser("add", help="add a user or change their password/role")
     add.add_argument("--role", choices=ROLES, default="user")
+    add.add_argument("--unix", default="", metavar="ACCOUNT",
+                     help="the Unix account this user's jobs run as (with python -m app --run-as); add "
+                          "replaces the user's entry, so leaving it out removes a mapping")
     pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
     for p in (add, pw, rm):

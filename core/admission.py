@@ -26,6 +26,25 @@ def over_quota(active: int, limit: int, staff: bool) -> Optional[str]:
            "wait for one to end or cancel one"
 
 
+def runs_as(has_command: bool, unix: str, site_maps: bool, staff: bool, trusted: bool) -> tuple[str, Optional[str]]:
+    """The Unix account a job's command runs as ('': the harvester's own), or why it is refused.
+    A command runs as its owner where the site has a launcher (`site_maps`) and the owner a Unix
+    name; otherwise it would run with the harvester's rights, which only staff, or everyone on a
+    site that says it trusts its users (`trusted`), may use."""
+    if not has_command:
+        return "", None
+    if site_maps and unix:
+        return unix, None
+    if staff or trusted:
+        return "", None
+    if site_maps:
+        return "", ("command: your login is not mapped to a Unix account on this site, so your command cannot "
+                    "run as you; ask staff to map it (the users file's unix field)")
+    return "", ("command: this site runs commands only for staff: it maps no login to a Unix account, and a "
+                "command would run with the harvester's own rights; ask staff to run it, or to map logins to "
+                "Unix accounts")
+
+
 def can_start(min_nodes: int, idle: int) -> bool:
     """A job can use the idle nodes now (the allocator may still give it none)."""
     return min_nodes <= idle

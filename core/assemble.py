@@ -57,7 +57,9 @@ def _build(settings: HarvesterSettings) -> Harvester:
         raise
     return LiveHarvester(settings.db, source, dispatcher, live.config, tick_s=settings.tick,
                          fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa,
-                         slots={n.name: n.slots for n in nodes}, lock=lock)
+                         slots={n.name: n.slots for n in nodes}, lock=lock,
+                         maps_users=isinstance(dispatcher, WorkerDispatcher) and dispatcher.run_as is not None,
+                         trust_user_commands=live.trust_user_commands)
 
 
 def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
@@ -99,7 +101,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             coordinator_bind=live.bind_host, worker_env=live.worker_env,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
-                            crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s)
+                            crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
+                            run_as=live.launcher)
 
 
 def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:

@@ -15,7 +15,8 @@ class InputError(ValueError):
 class SettingsError(ValueError):
     """A setting out of range or at odds with another. `field` is its dotted path in
     `core.settings.HarvesterSettings` (`replay.hours`, `live.dispatch`); the message names other
-    settings as `{path}`, which each front end renders in its own words (the CLI: its flags)."""
+    settings as `{path}`, which each front end renders in its own words (the CLI: its flags);
+    `{{` and `}}` are literal braces (a launcher's own `{user}`)."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field, self.message = field, message
@@ -30,11 +31,11 @@ class SettingsError(ValueError):
     def render(self, names: Optional[Callable[[str], str]] = None) -> str:
         """`field: message`, every setting named by `names(path)` (default: its last part)."""
         name = names or (lambda path: path.rsplit(".", 1)[-1])
-        text = _PLACEHOLDER.sub(lambda m: name(m.group(1)), self.message)
+        text = _PLACEHOLDER.sub(lambda m: name(m.group(1)), self.message).replace("{{", "{").replace("}}", "}")
         return f"{name(self.field)}: {text}" if self.field else text
 
 
-_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_.]*)\}(?!\})")
 
 
 class StoreError(InputError):

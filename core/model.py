@@ -138,6 +138,7 @@ class Job:
     launcher: str = LAUNCHER_RUNTIME    # real workers: see LAUNCHERS
     progress_pattern: str = DEFAULT_PROGRESS_PATTERN   # torchrun jobs: where progress is read
     stop_grace_seconds: float = 30.0    # torchrun jobs: SIGTERM -> SIGKILL, time to checkpoint
+    run_as: str = ""                    # real workers: the owner's Unix account ('': the harvester's own)
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:

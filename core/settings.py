@@ -22,11 +22,12 @@ from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from .slots import MAX_SLOTS
 from .slurm.settings import SlurmSettings, split_list
 from .transports.base import ENV_NAME
+from .transports.runas import UNIX_NAME, RunAs
 
 #: the choices and defaults front ends offer, from where they are defined
 __all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "POLICIES", "QUEUE_ORDERS",
            "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
-           "SettingsError", "SlurmSettings", "WorkerSettings", "check_speed", "parse_tfwd", "split_list"]
+           "SettingsError", "SlurmSettings", "UNIX_NAME", "WorkerSettings", "check_speed", "parse_tfwd", "split_list"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 #: a host name or an IPv4/IPv6 address (no port, no spaces)
@@ -102,6 +103,8 @@ class LiveSettings(_Settings):
     advertise: str = ""                          # the address nodes reach this host at: hub, stores, reports
     bind: str = ""                               # where those servers listen (default: advertise)
     worker_env: tuple[str, ...] = ()             # this process's variables workers also get (a site's)
+    run_as: str = ""                             # launcher prefix running a job as its owner ({user}, {env})
+    trust_user_commands: bool = False            # unmapped users' commands may run as the harvester
     profiler: bool = True                        # learn curves on real workers (else take them as given)
     profile_sizes: int = 3                       # sizes a new job is measured at whatever it costs
     config: ControllerConfig = ControllerConfig()
@@ -140,6 +143,16 @@ class LiveSettings(_Settings):
                 raise SettingsError("", f"{name}: the harvester's own variables never go to workers")
         return v
 
+    @field_validator("run_as")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        if v.strip():
+            try:
+                RunAs.parse(v)
+            except ValueError as e:
+                raise SettingsError("", str(e).replace("{", "{{").replace("}", "}}")) from None
+        return v.strip()
+
     @field_validator("profile_sizes")
     @classmethod
     def _not_negative(cls, v: int) -> int:
@@ -156,6 +169,10 @@ class LiveSettings(_Settings):
             if self.local_nodes is not None or self.inventory is not None:
                 raise SettingsError("source", "slurm takes its nodes from Slurm: leave out {local_nodes} "
                                               "and {inventory}")
+            if self.run_as:
+                raise SettingsError("run_as", "jobs in Slurm pilots run as the pilot's user: {run_as} is for "
+                                              "{dispatch} local and ssh (leave it out; without it only staff, or "
+                                              "everyone with {trust_user_commands}, may run commands)")
             return self
         if self.dispatch is None:
             raise SettingsError("dispatch", "choose what runs the jobs: simulated, local or ssh")
@@ -189,6 +206,11 @@ class LiveSettings(_Settings):
     def real_workers(self) -> bool:
         """Jobs run real commands (not simulated progress, not a Slurm dry run)."""
         return self.dispatcher != "simulated" and not (self.source == "slurm" and self.slurm.dry_run)
+
+    @property
+    def launcher(self) -> Optional[RunAs]:
+        """The prefix that runs a job as its owner's account; None: jobs run as the harvester."""
+        return RunAs.parse(self.run_as) if self.run_as else None
 
     @property
     def jpa(self) -> Optional[JPAConfig]:

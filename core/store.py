@@ -11,6 +11,7 @@ is a StoreWriteError, and the caller keeps the batch to write again.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
         "given_curve": str, "launcher": str, "progress_pattern": str, "stop_grace_seconds": float,
+        "run_as": str,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str, "idle_since": float}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -150,7 +152,7 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "global_batch": job.global_batch or None,
         "given_curve": json.dumps(job.given_curve.to_dict()) if job.given_curve else None,
         "launcher": job.launcher, "progress_pattern": job.progress_pattern,
-        "stop_grace_seconds": job.stop_grace_seconds,
+        "stop_grace_seconds": job.stop_grace_seconds, "run_as": job.run_as or None,
     }
 
 
@@ -168,7 +170,8 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         given_curve=Curve.from_dict(json.loads(row["given_curve"])) if row.get("given_curve") else None,
         launcher=row.get("launcher") or LAUNCHER_RUNTIME,
         progress_pattern=row.get("progress_pattern") or DEFAULT_PROGRESS_PATTERN,
-        stop_grace_seconds=row["stop_grace_seconds"] if row.get("stop_grace_seconds") is not None else 30.0)
+        stop_grace_seconds=row["stop_grace_seconds"] if row.get("stop_grace_seconds") is not None else 30.0,
+        run_as=row.get("run_as") or "")
     return job, json.loads(row["nodes"] or "[]")
 
 
@@ -187,11 +190,28 @@ def _why(e: sqlite3.Error) -> str:
            "writable by this user, or give another --db"
 
 
+def keep_private(db: str) -> None:
+    """Make the store and its -wal and -shm files readable by this Unix user only (0600), an old
+    store's too: jobs may run as other accounts on this host (SQLite gives -wal and -shm the
+    store's mode). A file this user does not own is left as it is (opening it says what fails)."""
+    try:
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError:
+        return
+    for path in (db, db + "-wal", db + "-shm"):
+        try:
+            os.chmod(path, 0o600)
+        except OSError:
+            pass
+
+
 class Store:
     def __init__(self, path: str | Path = ":memory:", busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         """Open (or create) the store and check it: StoreError if it cannot be used."""
         self.path = str(path)
         conn: Optional[sqlite3.Connection] = None
+        if self.path != ":memory:":
+            keep_private(self.path)
         try:
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=busy_timeout_s)

@@ -6,7 +6,7 @@ lists the study as jobs "hpo-digits #N ...". While a trial trains, its rank 0's 
 `workers.loss`) goes to Optuna as the trial's intermediate value; a trial the pruner gives up on
 is cancelled on the harvester, which gives its nodes to the other trials at once.
 
-    python -m app --dispatch local --local-nodes 4 &             # or any live harvester
+    python -m app --dispatch local --local-nodes 4 --trust-user-commands &   # or alice is staff, or mapped (--run-as)
     python examples/hpo_optuna.py --url http://127.0.0.1:8050 --user alice --trials 12 --parallel 3
 
 Pruning: a trial whose loss is NaN or above --diverged-above (chance is ln 10 = 2.3) has

@@ -23,7 +23,7 @@ COMMAND = [sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "
 def harvester(tmp_path, profile_sizes=None):
     """Local workers on 4 nodes; the profiler measures `profile_sizes` sizes first (None: off)."""
     return build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
-        "dispatch": "local", "local_nodes": 4, "profiler": profile_sizes is not None,
+        "dispatch": "local", "local_nodes": 4, "profiler": profile_sizes is not None, "trust_user_commands": True,
         "profile_sizes": profile_sizes or 0, "workers": {"sample_s": 3.0}}}))
 
 

@@ -32,7 +32,7 @@ def test_only_losses_within_the_window_count():
 
 def _settings(db, nodes: int, **workers) -> HarvesterSettings:
     return HarvesterSettings.parse({"db": db, "tick_s": 0.1, "live": {
-        "dispatch": "local", "local_nodes": nodes, "profiler": False, "config": {"tfwd": 60},
+        "dispatch": "local", "local_nodes": nodes, "profiler": False, "config": {"tfwd": 60}, "trust_user_commands": True,
         "workers": {"rejoin_after_s": 1.0, **workers}}})
 
 

@@ -22,7 +22,7 @@ TOTAL = GLOBAL_BATCH * 1200
 @pytest.fixture
 def live(tmp_path):
     h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
-        "dispatch": "local", "local_nodes": 4, "profiler": False, "config": {"tfwd": 60},
+        "dispatch": "local", "local_nodes": 4, "profiler": False, "config": {"tfwd": 60}, "trust_user_commands": True,
         "workers": {"rejoin_after_s": 2.0}}}))
     names = h.source.node_names()
     for n in names[2:]:
@@ -102,7 +102,8 @@ def test_workers_get_an_allowlisted_environment(tmp_path, monkeypatch):
     for k, v in {**secrets, "SITE_LIBS": "/opt/site/lib", "LC_ALL": "C.UTF-8"}.items():
         monkeypatch.setenv(k, v)
     h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.1, "live": {
-        "dispatch": "local", "local_nodes": 2, "profiler": False, "worker_env": ["SITE_LIBS"]}}))
+        "dispatch": "local", "local_nodes": 2, "profiler": False, "worker_env": ["SITE_LIBS"],
+        "trust_user_commands": True}}))
     h.open()
     try:
         spec = dict(min_nodes=1, max_nodes=1, total_samples=GLOBAL_BATCH * 10**6, curve="1:100",

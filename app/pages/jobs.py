@@ -171,7 +171,7 @@ def register(n_clicks, *values):
         return [errs.get(f, "") for f in FIELDS] + [html.Span("Nothing was registered: fix the marked fields.",
                                                               className="error")]
     try:
-        job = context.harvester.submit(spec, user.name, staff=user.is_staff)
+        job = context.harvester.submit(spec, user.name, staff=user.is_staff, unix=user.unix)
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         if field in FIELDS:

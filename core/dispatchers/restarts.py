@@ -32,6 +32,12 @@ PORTS = range(29500, 30500)        # MASTER_PORT of a remote rank 0 (a generatio
 TAIL_LINES = 40
 
 
+def checkpoint_dir(logdir: Path, job_id: str) -> Path:
+    """Where a job's checkpoints go (HARVEST_CHECKPOINT_DIR): one directory that outlives its
+    generations and workers."""
+    return logdir / job_id / "checkpoint"
+
+
 @dataclass
 class _Gen:
     """One generation: the processes started together on one node set."""
@@ -68,11 +74,14 @@ class _RestartRun:
 class RestartJobs:
     """The restart-based jobs of one WorkerDispatcher (see the module docstring)."""
 
-    def __init__(self, transport: Transport, specs: dict[str, NodeSpec], logdir: Path, workdir: str,
+    def __init__(self, transport: Transport, specs: dict[str, NodeSpec], logdir: Path,
+                 launch: Callable[[Job, NodeSpec, dict[str, str], str], Handle],
                  base_env: Callable[[], dict[str, str]], submit: Callable, post: Callable[[Event], None],
                  lost: Callable[[str, str, str], None], progress_timeout_s: float = 600.0,
                  sample_s: float = 5.0) -> None:
-        self.transport, self.specs, self.logdir, self.workdir = transport, specs, logdir, workdir
+        """`launch(job, node, env, log_path)` starts one rank (the dispatcher's: as the job's
+        account where it has one); `transport` polls and stops them."""
+        self.transport, self.specs, self.logdir, self.launch = transport, specs, logdir, launch
         self.base_env, self.submit, self.post, self.lost = base_env, submit, post, lost
         self.progress_timeout_s = progress_timeout_s
         self.sample_s = sample_s
@@ -86,7 +95,7 @@ class RestartJobs:
         with self._lock:
             run = self.runs.get(job.id)
             if run is None:
-                run = self.runs[job.id] = _RestartRun(job, self.logdir / job.id / "checkpoint",
+                run = self.runs[job.id] = _RestartRun(job, checkpoint_dir(self.logdir, job.id),
                                                       progress_at=time.monotonic())
             if list(nodes) == run.target:
                 return
@@ -175,8 +184,7 @@ class RestartJobs:
             for key in keys:
                 env = {**common, **ranks.place(keys, key).env(), "HARVEST_NODE": key}
                 log_path = str(self.logdir / run.job.id / f"{key}-s{self.life}-g{number}.log")
-                started[key] = self.transport.start(self.specs[ranks.node_of(key)], list(run.job.command),
-                                                    env, self.workdir, log_path)
+                started[key] = self.launch(run.job, self.specs[ranks.node_of(key)], env, log_path)
         except (StartError, ValueError) as e:
             self.transport.stop_many(list(started.values()), 0.5)
             self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,

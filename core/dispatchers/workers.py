@@ -39,8 +39,9 @@ from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
+from ..transports.runas import RunAs
 from .base import Dispatcher
-from .restarts import RestartJobs
+from .restarts import RestartJobs, checkpoint_dir
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -69,9 +70,11 @@ class WorkerDispatcher(Dispatcher):
                  worker_env: Sequence[str] = (), stop_grace_s: float = 5.0,
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
-                 crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0) -> None:
+                 crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0,
+                 run_as: Optional[RunAs] = None) -> None:
         """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
-        whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too."""
+        whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too.
+        `run_as`: the site's launcher, before the argv of a job that runs as its owner's account."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -88,6 +91,7 @@ class WorkerDispatcher(Dispatcher):
         self.rejoin_after_s = rejoin_after_s
         self.crash_window_s = crash_window_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.run_as = run_as
         self.life = 1                 # the harvester's start number (begin_life), in every log's name
         self.alive_every_s = alive_every_s
         self.pg_timeout_s = pg_timeout_s
@@ -100,7 +104,7 @@ class WorkerDispatcher(Dispatcher):
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dispatch")
         self._checking = False
         self._last_check = 0.0
-        self.restarts = RestartJobs(transport, self.specs, self.logdir, workdir, self._base_env,
+        self.restarts = RestartJobs(transport, self.specs, self.logdir, self.launch, self._base_env,
                                     self._pool.submit, self._post, self._restart_lost, sample_s=sample_s)
 
     # ---- what the controller asks ---------------------------------------------------------
@@ -272,7 +276,7 @@ class WorkerDispatcher(Dispatcher):
                 raise ValueError(f"job {job.id} has no command or global batch to run on workers")
             token = secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
-            ckpt = self.logdir / job.id / "checkpoint"
+            ckpt = checkpoint_dir(self.logdir, job.id)
             extra = self._base_env()
             extra[ENV_CHECKPOINT_DIR] = str(ckpt)
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
@@ -291,6 +295,19 @@ class WorkerDispatcher(Dispatcher):
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         return env
+
+    def launch(self, job: Job, node: NodeSpec, env: dict[str, str], log_path: str) -> Handle:
+        """Start one of `job`'s workers on `node`. A job that runs as its owner's account gets the
+        site's launcher before its argv and its checkpoint directory given to that account first;
+        the harvester's own files stay out of its reach (see README, Accounts)."""
+        argv = list(job.command)
+        if job.run_as:
+            if self.run_as is None:
+                raise StartError(node.name, f"the job runs as {job.run_as!r}, and this harvester has no launcher "
+                                            "for other accounts (run_as)")
+            self.transport.give_dir(node, str(checkpoint_dir(self.logdir, job.id)), job.run_as)
+            argv = self.run_as.argv(job.run_as, env, argv)
+        return self.transport.start(node, argv, env, self.workdir, log_path)
 
     def _restart_lost(self, job_id: str, node: str, detail: str) -> None:
         """A restart-based job lost `node` (a rank died or it cannot be reached): the same
@@ -317,7 +334,6 @@ class WorkerDispatcher(Dispatcher):
         """Start one worker per slot of `node` (a new incarnation of each of its keys); `order`
         is the generation they are started for, which sets their first RANK, NODE_RANK, ..."""
         spec = self.specs[node]
-        argv = list(run.job.command)
         starts: list[tuple[str, dict[str, str], str]] = []
         for key in ranks.keys_of(node, spec.slots):
             env = run.coord.worker_env(key)
@@ -330,7 +346,7 @@ class WorkerDispatcher(Dispatcher):
             started: dict[str, Handle] = {}
             try:
                 for key, env, log_path in starts:
-                    started[key] = self.transport.start(spec, argv, env, self.workdir, log_path)
+                    started[key] = self.launch(run.job, spec, env, log_path)
             except (StartError, ValueError) as e:
                 self._post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
                                  detail=f"cannot start the command on {node}: {e}"))

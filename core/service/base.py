@@ -65,6 +65,10 @@ class Harvester:
     def _job_from(self, spec: JobSpec, owner: str, ctl: Controller) -> Job:
         raise NotImplementedError
 
+    def _runs_as(self, spec: JobSpec, staff: bool, unix: str) -> tuple[str, Optional[str]]:
+        """The Unix account the job's command runs as, or why it may not run: nothing runs here."""
+        return "", None
+
     def _save(self, runner: Runner) -> None:
         runner.controller.flush()
 
@@ -187,18 +191,21 @@ class Harvester:
         ctl = self.controller
         return len(ctl.node_names or ctl.idle) if ctl is not None else 0
 
-    def submit(self, spec: JobSpec, owner: str, staff: bool = False) -> Job:
+    def submit(self, spec: JobSpec, owner: str, staff: bool = False, unix: str = "") -> Job:
         """Register a job a person asked for; it is in the store when this returns. ValueError
-        ("field: message") for a job that can never run here or an owner over quota."""
+        ("field: message") for a job that can never run here, an owner over quota, or a command
+        its owner may not run. `unix`: the owner's Unix account, where the site maps logins."""
         runner = self._live()
         ctl = runner.controller
         with ctl.lock:
-            refused = too_big(spec.min_nodes, self.capacity()) or over_quota(
+            run_as, refused = self._runs_as(spec, staff, unix)
+            refused = refused or too_big(spec.min_nodes, self.capacity()) or over_quota(
                 ctl.active_jobs_of(owner),
                 self.user_max_jobs, staff)
             if refused:
                 raise ValueError(refused)
             job = self._job_from(spec, owner, ctl)
+            job.run_as = run_as
             ctl.submit(job, durable=True)
         runner.publish()
         return job

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from ..admission import runs_as
 from ..clock import WallClock
 from ..controller import Controller, ControllerConfig
 from ..restore import restore
@@ -30,14 +31,18 @@ class LiveHarvester(Harvester):
                  config: Optional[ControllerConfig] = None, tick_s: float = 0.2,
                  fresh: bool = False, require_command: bool = False,
                  jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None,
-                 lock: Optional[StoreLock] = None) -> None:
+                 lock: Optional[StoreLock] = None, maps_users: bool = False,
+                 trust_user_commands: bool = False) -> None:
         """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
-        and /metrics."""
+        and /metrics. `maps_users`: the dispatcher runs a job as its owner's Unix account (a site
+        launcher); `trust_user_commands`: any login's command may run as the harvester itself."""
         super().__init__(db, tick_s, fresh, lock)
         self.source = source
         self.dispatcher = dispatcher
         self.config = config or ControllerConfig()
         self.require_command = require_command
+        self.maps_users = maps_users
+        self.trust_user_commands = trust_user_commands
         self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
         self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
@@ -95,6 +100,11 @@ class LiveHarvester(Harvester):
                    command=tuple(spec.command or ()), global_batch=spec.global_batch or 0,
                    launcher=spec.launcher, progress_pattern=spec.progress_pattern,
                    stop_grace_seconds=spec.stop_grace_seconds)
+
+    def _runs_as(self, spec: JobSpec, staff: bool, unix: str) -> tuple[str, Optional[str]]:
+        """Only real workers run commands (simulated ones only count the command's samples)."""
+        return runs_as(bool(spec.command) and self.require_command, unix, self.maps_users, staff,
+                       self.trust_user_commands)
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         return self.dispatcher.status(job_id)

@@ -135,6 +135,12 @@ class Transport(ABC):
         """The host a worker for `node` runs on, as this host would name it; None: not known."""
         return None
 
+    def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
+        """Create directory `path` on the node (with its parents) owned by Unix account `user`
+        and private to it (0700): where a job that runs as that account writes (its checkpoints).
+        Raises StartError when that cannot be done, TransportError when the node is unreachable."""
+        raise StartError(node.name, f"the {self.name or 'this'} transport cannot run workers as another account")
+
     def alive_many(self, handles: Iterable[Handle]) -> dict[Handle, Optional[bool]]:
         """Whether each worker (its group leader) still runs; a zombie counts as dead. One
         round trip per node, nodes in parallel. None for the handles of a node that could not

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -116,13 +117,27 @@ class LocalTransport(Transport):
             env.update({k: v for k, v in os.environ.items() if k.startswith(self._inherit)})
         return env
 
+    def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
+        try:
+            account = pwd.getpwnam(user)
+        except KeyError:
+            raise StartError(node.name, f"there is no Unix account {user!r} on this host") from None
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            os.chown(path, account.pw_uid, account.pw_gid)
+            os.chmod(path, 0o700)
+        except OSError as e:
+            raise StartError(node.name, f"cannot give {path} to {user}: {e.strerror}") from None
+
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
               log_path: str) -> Handle:
         argv, env = list(argv), dict(env)
         check_start_args(node, argv, env, workdir, log_path)
         try:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "wb") as log:
+            # the log is the harvester's (0600): a job run as another account writes it through
+            # the descriptor it inherits, and reads no other job's
+            with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
                 proc = subprocess.Popen(argv, env={**self._inherited(), **env}, cwd=workdir or None,
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,

@@ -199,7 +199,7 @@ class SshTransport(Transport):
         logdir = q(os.path.dirname(log_path) or ".")
         script = "\n".join([
             (f"cd -- {q(workdir)} || exit {_NO_WORKDIR}" if workdir else ":"),
-            f"mkdir -p -- {logdir} 2>/dev/null; : > {log} || exit {_NO_LOG}",
+            f"mkdir -p -- {logdir} 2>/dev/null; ( umask 077; : > {log} ) || exit {_NO_LOG}",
             f'( {exports}command -v "$1" >/dev/null 2>&1 ) || '
             f'{{ echo "command not found: $1" >&2; exit {_NO_COMMAND}; }}',
             f"_pid=$( {{ setsid sh -c {q(inner)} harvest-worker \"$@\" 3>&1 >>{log} 2>&1 </dev/null & }} )",
@@ -217,6 +217,13 @@ class SshTransport(Transport):
             raise StartError(node.name, what + (f" ({err.splitlines()[-1]})" if err else ""))
         fields = lines[-1]
         return Handle(node, int(fields[0]), fields[1] if len(fields) > 1 else "", log_path, time.time())
+
+    def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
+        r = self.run_script(node, 'mkdir -p -- "$1" && chown -- "$2:" "$1" && chmod 700 -- "$1"', [path, user],
+                            timeout=30.0)
+        if r.returncode != 0:
+            err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise StartError(node.name, f"cannot give {path} to {user}" + (f" ({err[-1]})" if err else ""))
 
     @staticmethod
     def _pairs(handles: list[Handle]) -> list[str]:

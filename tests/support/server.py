@@ -91,9 +91,11 @@ class AppProcess:
 
 
 def start_app(workdir: Path, *args: str, db: Optional[Path] = None, users: Optional[Path] = None,
-              timeout: float = 60, env: Optional[dict[str, str]] = None) -> AppProcess:
+              timeout: float = 60, env: Optional[dict[str, str]] = None, trust_users: bool = True) -> AppProcess:
     """`python -m app --port <free> --db <workdir>/harvest.db --users <users> *args` (with `env`
-    added to this process's environment), waiting until /api/health answers."""
+    added to this process's environment), waiting until /api/health answers. A live server
+    (`--dispatch`/`--source`) gets `--trust-user-commands` unless `trust_users` is False or it
+    maps users (`--run-as`): these tests run every job as the test's own account."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     db = db or workdir / "harvest.db"
@@ -102,6 +104,8 @@ def start_app(workdir: Path, *args: str, db: Optional[Path] = None, users: Optio
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     env.pop("HARVEST_USERS", None)
     env.pop("HARVEST_USERS_FILE", None)
+    if trust_users and ("--dispatch" in args or "--source" in args) and "--run-as" not in args:
+        args = (*args, "--trust-user-commands")
     fh = log.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port),
                              "--db", str(db), "--users", str(users), *args],
