@@ -10,7 +10,8 @@ server, runs for `--seconds`:
 - N viewers, each a thread with its own keep-alive connection, polling the grid update once a
   second as a browser's interval does: the first request with no key (a new visitor gets the
   whole figure), then each with the key the previous answer returned, through what a browser's
-  JSON does to it. Viewers start spread over the first second.
+  JSON does to it (an answer with no grid output means the snapshot has not changed since: the
+  viewer keeps its key, as a page does). Viewers start spread over the first second.
 - N/10 (at least one) API pollers: `GET /api/cluster?nodes=0` once a second each.
 
 It reports the grid update's round trip p50/p95 (the first `--warmup` seconds dropped), the
@@ -73,10 +74,11 @@ class Viewer(threading.Thread):
                 client = client or Client(self.url)
                 r = client.post(CALLBACK, request_for(self.template, 1 + i, key))
                 self.samples.append((time.monotonic() - self.t0, r["ms"]))
-                if r["json"] is not None:
-                    if "grid-key" not in r["json"].get("response", {}):
+                answer = (r["json"] or {}).get("response", {})
+                if answer:               # empty (or a 204): the snapshot has not changed, keep the key
+                    if "grid-key" not in answer:
                         raise KeyError(f"grid-key: {json.dumps(r['json'])[:300]}")
-                    key = js_roundtrip(r["json"]["response"]["grid-key"]["data"])
+                    key = js_roundtrip(answer["grid-key"]["data"])
             except Exception as e:  # noqa: BLE001 - every failure is counted, the viewer goes on
                 self.errors.append(f"{type(e).__name__}: {str(e)[:120]}")
                 if client is not None:
