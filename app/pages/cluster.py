@@ -79,18 +79,35 @@ def update_grid(_n, key):
 
 
 def grid_update(key):
+    """The update from the snapshot `key` names to the current one, shared by every viewer that
+    holds the same snapshot (context.updates: built once per pair, not once per viewer)."""
     snap = context.harvester.snapshot
     if not snap.nodes:
         return no_update, no_update
     if key and key.get("boot") == context.BOOT and key.get("seq") == snap.seq:
         return no_update, no_update
+    machine = context.cells.machine_id(snap.nodes)
+    if not key or key.get("machine") != machine:
+        since = FIGURE                                      # another node list: a new layout
+    elif key.get("boot") != context.BOOT:
+        since = None                                        # another process's snapshot: unknown
+    else:
+        since = key.get("seq")
+    return context.updates.get((snap.seq, machine, since), lambda: _build_update(snap, machine, since))
+
+
+FIGURE = "figure"
+
+
+def _build_update(snap, machine: str, since):
+    """The whole figure (`since` is FIGURE), or the patch from snapshot `since` (None: unknown)."""
     cache = context.cells
     lay = cache.layout(snap.nodes)
     new = cache.cells(snap)
-    new_key = {"boot": context.BOOT, "seq": snap.seq, "machine": cache.machine_id(snap.nodes)}
-    if not key or key.get("machine") != new_key["machine"]:
-        return grid_figure(lay, snap.nodes, new), new_key     # another node list: a new layout
-    old = cache.get(key["seq"]) if key.get("boot") == context.BOOT else None
+    new_key = {"boot": context.BOOT, "seq": snap.seq, "machine": machine}
+    if since == FIGURE:
+        return grid_figure(lay, snap.nodes, new), new_key
+    old = cache.get(since) if since is not None else None
     return grid_patch(lay, old, new), new_key
 
 
