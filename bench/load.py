@@ -1,6 +1,7 @@
 """Load benchmark: how many dashboard viewers one harvester process holds while it replays.
 
     python -m bench.load [--json] [--viewers 10,50,200] [--seconds 30] [--speed 600] [--threads N]
+                         [--connection-limit N]
 
 It starts the real app (`python -m app --fresh --speed S`, tests.support.server.start_app) on
 loopback, loads the cluster page once in Chromium to capture the grid callback request a real
@@ -178,11 +179,12 @@ def one_load(url: str, host: str, port: int, pid: int, template: dict, viewers: 
 
 
 def run(workdir: Path, counts: list[int], seconds: float, warmup: float, speed: float,
-        threads: Optional[int]) -> dict:
+        threads: Optional[int], connection_limit: Optional[int] = None) -> dict:
     from playwright.sync_api import sync_playwright
 
-    extra = ["--threads", str(threads)] if threads else []
-    log(f"starting the app (--fresh --speed {speed:g}{' --threads ' + str(threads) if threads else ''}) ...")
+    extra = (["--threads", str(threads)] if threads else []) + \
+        (["--connection-limit", str(connection_limit)] if connection_limit else [])
+    log(f"starting the app (--fresh --speed {speed:g} {' '.join(extra)}) ...")
     app = start_app(workdir / "server", "--fresh", "--speed", str(speed), *extra)
     host, port = app.url.split("//")[1].split(":")
     log(f"app on {app.url} (pid {app.proc.pid})")
@@ -203,7 +205,8 @@ def run(workdir: Path, counts: list[int], seconds: float, warmup: float, speed: 
     finally:
         rc = app.stop()
         log(f"app stopped (pid {app.proc.pid}, exit {rc})")
-    return {"speed": speed, "seconds": seconds, "threads": threads, "cores": os.cpu_count(), "runs": results}
+    return {"speed": speed, "seconds": seconds, "threads": threads, "connection_limit": connection_limit,
+            "cores": os.cpu_count(), "runs": results}
 
 
 def speed_text(ratio: Optional[float]) -> str:
@@ -229,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds dropped from each count's figures")
     ap.add_argument("--speed", type=float, default=600.0, help="replay speed (default 600)")
     ap.add_argument("--threads", type=int, default=None, help="the server's --threads (default: the app's)")
+    ap.add_argument("--connection-limit", type=int, default=None,
+                    help="the server's --connection-limit (default: the app's; the viewers and pollers each "
+                         "keep one connection open, so N + N/10 above it wait to be accepted)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON as the last line")
     args = ap.parse_args(argv)
     try:
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= args.warmup:
         ap.error("--seconds must be longer than --warmup")
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-        res = run(Path(tmp), counts, args.seconds, args.warmup, args.speed, args.threads)
+        res = run(Path(tmp), counts, args.seconds, args.warmup, args.speed, args.threads, args.connection_limit)
     print(table(res))
     if args.json:
         top = max(res["runs"], key=lambda r: r["viewers"])
