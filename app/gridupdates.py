@@ -2,7 +2,7 @@
 
 Every viewer of the cluster page polls the grid once a second with the key of the snapshot it
 holds, so at any moment the viewers hold one of a few recent snapshots: building the per-cell
-diff (and its JSON-ready form) for each of them would repeat the same work once per viewer, and
+diff and encoding it for each of them would repeat the same work once per viewer, and
 with hundreds of viewers that work is most of the server's CPU. Here the update from one
 snapshot to another is built by the first viewer that asks for it; viewers asking for the same
 pair meanwhile wait for that build instead of starting their own, and later ones get the same

@@ -1,18 +1,23 @@
 """One grid update per pair of snapshots, shared by every viewer that holds the same snapshot
-(issue 17, item 8): built once, the same object for every asker, a bounded number kept, and
-viewers at different snapshots each brought exactly to the current one."""
+(issue 17, item 8): built once, the same object for every asker, a bounded number kept,
+viewers at different snapshots each brought exactly to the current one, and the server sending
+every viewer of a snapshot the same already-encoded answer."""
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from types import SimpleNamespace
 
 import dash
+import flask
 import pytest
+from flask_compress import Compress
 
-from app import context
+from app import context, gridserve, ids
 from app.grid import CellCache
+from app.gridserve import CALLBACK_PATH
 from app.gridupdates import UpdateCache
 from core.snapshot import BUSY, HELD, IDLE, Snapshot
 from tests.support.files import ROOT
@@ -121,3 +126,39 @@ def test_viewers_at_different_snapshots_each_get_their_own_correct_update(viewer
     assert again is from_1 and key_c == key_a
     assert context.updates.builds == builds + 2, "one build per pair, not per viewer"
     assert grid_update(key_a) == (dash.no_update, dash.no_update), "a current viewer gets nothing"
+
+
+def _grid_request(key) -> dict:
+    return {"output": f"..{ids.GRID}.figure...{ids.GRID_KEY}.data..",
+            "outputs": [{"id": ids.GRID, "property": "figure"}, {"id": ids.GRID_KEY, "property": "data"}],
+            "inputs": [{"id": ids.TICK, "property": "n_intervals", "value": 3}],
+            "changedPropIds": [f"{ids.TICK}.n_intervals"],
+            "state": [{"id": ids.GRID_KEY, "property": "data", "value": key}]}
+
+
+def test_the_server_sends_every_viewer_of_a_snapshot_the_same_encoded_answer(viewers):
+    harvester, grid_update = viewers
+    server = flask.Flask(__name__)
+    gridserve.register(server)
+    Compress(server)                    # as Dash's compress=True
+    client = server.test_client()
+    harvester.snapshot = _snap(1, set(), {0})
+    first = client.post(CALLBACK_PATH, json=_grid_request(None))
+    key = json.loads(first.data)["response"][ids.GRID_KEY]["data"]
+    assert first.status_code == 200 and first.mimetype == "application/json"
+    assert json.loads(first.data)["response"][ids.GRID]["figure"]["data"][0]["type"] == "heatmap"
+    current = client.post(CALLBACK_PATH, json=_grid_request(key), headers={"Accept-Encoding": "zstd, gzip"})
+    assert current.status_code == 204 and current.data == b"", "current: nothing to send"
+    assert "Content-Encoding" not in current.headers, "an empty answer is not compressed into a non-empty one"
+
+    harvester.snapshot = _snap(2, {2, 3}, {0})
+    answers = [client.post(CALLBACK_PATH, json=_grid_request(dict(key))) for _ in range(3)]
+    shared = context.updates.get((2, key["machine"], 1), lambda: pytest.fail("not built by the first viewer"))
+    assert all(a.status_code == 200 and a.get_data(as_text=True) == shared.body for a in answers)
+    body = json.loads(answers[0].data)["response"]
+    assert body[ids.GRID_KEY]["data"] == {**key, "seq": 2}
+    assert body[ids.GRID]["figure"]["operations"] == json.loads(
+        json.dumps(shared.figure.to_plotly_json()["operations"])), "the answer carries the shared Patch"
+    assert grid_update(key) == (shared.figure, shared.key), "Dash's own callback gives the same update"
+    other = client.post(CALLBACK_PATH, json={**_grid_request(None), "output": "status-bar.children"})
+    assert other.status_code == 404, "another callback is left to Dash"
