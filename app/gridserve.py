@@ -51,8 +51,8 @@ def current_update(key: Optional[dict]) -> Optional[GridUpdate]:
     machine = context.cells.machine_id(snap.nodes)
     if not key or key.get("machine") != machine:
         since: Any = FIGURE                                # another node list: a new layout
-    elif key.get("boot") != context.BOOT:
-        since = None                                       # another process's snapshot: unknown
+    elif key.get("boot") != context.BOOT or context.cells.get(key.get("seq")) is None:
+        since = None          # another process's snapshot, or one no longer kept: whole z and text
     else:
         since = key.get("seq")
     return context.updates.get((snap.seq, machine, since), lambda: _build(snap, machine, since))

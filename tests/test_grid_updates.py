@@ -125,6 +125,9 @@ def test_viewers_at_different_snapshots_each_get_their_own_correct_update(viewer
     again, key_c = grid_update(dict(keys[1]))             # another viewer holding snapshot 1
     assert again is from_1 and key_c == key_a
     assert context.updates.builds == builds + 2, "one build per pair, not per viewer"
+    unknown = [grid_update({**keys[1], "seq": seq})[0] for seq in (10 ** 6, 10 ** 6 + 1)]
+    assert unknown[0] is unknown[1], "snapshots the server does not keep share one whole resend"
+    assert _apply(figures[1], unknown[0])["data"][0] == now["data"][0]
     assert grid_update(key_a) == (dash.no_update, dash.no_update), "a current viewer gets nothing"
 
 
