@@ -14,6 +14,7 @@ from core.service import Harvester
 
 from .auth import Tokens, User, Users, holder
 from .grid import CellCache
+from .gridupdates import UpdateCache
 from .queries import History
 from .signin import Gate
 from .webconfig import WebConfig
@@ -25,6 +26,7 @@ users: Optional[Users] = None
 tokens: Optional[Tokens] = None
 history: Optional[History] = None
 cells = CellCache()
+updates: UpdateCache = UpdateCache()   # grid updates, one per pair of snapshots for every viewer
 gate = Gate()
 session_idle_s: float = WebConfig.session_idle_s
 

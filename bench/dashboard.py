@@ -27,7 +27,10 @@ a new visitor waits for the cluster page.
 3. In-process, against a live Harvester built in this process (the app's create_app, so
    app.context is set as in the server): app.pages.cluster.grid_update timed alone, the JSON
    encoding Dash does (plotly's to_json), and the whole Dash dispatch through Flask's test client
-   (encoding and compression included), for both chains and a real > PATCH_LIMIT diff.
+   (encoding and compression included), for both chains and a real > PATCH_LIMIT diff. Updates
+   are shared per pair of snapshots (app/gridupdates.py): where both chains hold the same
+   snapshot, the browser chain builds the update and the diff chain gets it ready-made, as a
+   second viewer does.
 
 The server is stopped by PID at the end, also on error. A table goes to stdout, progress to
 stderr; with --json the last stdout line is one JSON object (update_ms_p50, update_ms_p95,

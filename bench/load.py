@@ -1,6 +1,7 @@
 """Load benchmark: how many dashboard viewers one harvester process holds while it replays.
 
     python -m bench.load [--json] [--viewers 10,50,200] [--seconds 30] [--speed 600] [--threads N]
+                         [--connection-limit N]
 
 It starts the real app (`python -m app --fresh --speed S`, tests.support.server.start_app) on
 loopback, loads the cluster page once in Chromium to capture the grid callback request a real
@@ -10,7 +11,8 @@ server, runs for `--seconds`:
 - N viewers, each a thread with its own keep-alive connection, polling the grid update once a
   second as a browser's interval does: the first request with no key (a new visitor gets the
   whole figure), then each with the key the previous answer returned, through what a browser's
-  JSON does to it. Viewers start spread over the first second.
+  JSON does to it (an answer with no grid output means the snapshot has not changed since: the
+  viewer keeps its key, as a page does). Viewers start spread over the first second.
 - N/10 (at least one) API pollers: `GET /api/cluster?nodes=0` once a second each.
 
 It reports the grid update's round trip p50/p95 (the first `--warmup` seconds dropped), the
@@ -73,10 +75,11 @@ class Viewer(threading.Thread):
                 client = client or Client(self.url)
                 r = client.post(CALLBACK, request_for(self.template, 1 + i, key))
                 self.samples.append((time.monotonic() - self.t0, r["ms"]))
-                if r["json"] is not None:
-                    if "grid-key" not in r["json"].get("response", {}):
+                answer = (r["json"] or {}).get("response", {})
+                if answer:               # empty (or a 204): the snapshot has not changed, keep the key
+                    if "grid-key" not in answer:
                         raise KeyError(f"grid-key: {json.dumps(r['json'])[:300]}")
-                    key = js_roundtrip(r["json"]["response"]["grid-key"]["data"])
+                    key = js_roundtrip(answer["grid-key"]["data"])
             except Exception as e:  # noqa: BLE001 - every failure is counted, the viewer goes on
                 self.errors.append(f"{type(e).__name__}: {str(e)[:120]}")
                 if client is not None:
@@ -176,11 +179,12 @@ def one_load(url: str, host: str, port: int, pid: int, template: dict, viewers: 
 
 
 def run(workdir: Path, counts: list[int], seconds: float, warmup: float, speed: float,
-        threads: Optional[int]) -> dict:
+        threads: Optional[int], connection_limit: Optional[int] = None) -> dict:
     from playwright.sync_api import sync_playwright
 
-    extra = ["--threads", str(threads)] if threads else []
-    log(f"starting the app (--fresh --speed {speed:g}{' --threads ' + str(threads) if threads else ''}) ...")
+    extra = (["--threads", str(threads)] if threads else []) + \
+        (["--connection-limit", str(connection_limit)] if connection_limit else [])
+    log(f"starting the app (--fresh --speed {speed:g} {' '.join(extra)}) ...")
     app = start_app(workdir / "server", "--fresh", "--speed", str(speed), *extra)
     host, port = app.url.split("//")[1].split(":")
     log(f"app on {app.url} (pid {app.proc.pid})")
@@ -201,7 +205,8 @@ def run(workdir: Path, counts: list[int], seconds: float, warmup: float, speed: 
     finally:
         rc = app.stop()
         log(f"app stopped (pid {app.proc.pid}, exit {rc})")
-    return {"speed": speed, "seconds": seconds, "threads": threads, "cores": os.cpu_count(), "runs": results}
+    return {"speed": speed, "seconds": seconds, "threads": threads, "connection_limit": connection_limit,
+            "cores": os.cpu_count(), "runs": results}
 
 
 def speed_text(ratio: Optional[float]) -> str:
@@ -227,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds dropped from each count's figures")
     ap.add_argument("--speed", type=float, default=600.0, help="replay speed (default 600)")
     ap.add_argument("--threads", type=int, default=None, help="the server's --threads (default: the app's)")
+    ap.add_argument("--connection-limit", type=int, default=None,
+                    help="the server's --connection-limit (default: the app's; the viewers and pollers each "
+                         "keep one connection open, so N + N/10 above it wait to be accepted)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON as the last line")
     args = ap.parse_args(argv)
     try:
@@ -238,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= args.warmup:
         ap.error("--seconds must be longer than --warmup")
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-        res = run(Path(tmp), counts, args.seconds, args.warmup, args.speed, args.threads)
+        res = run(Path(tmp), counts, args.seconds, args.warmup, args.speed, args.threads, args.connection_limit)
     print(table(res))
     if args.json:
         top = max(res["runs"], key=lambda r: r["viewers"])

@@ -7,8 +7,8 @@ from dash import Input, Output, Patch, State, dcc, html, no_update
 from app import context, ids
 from app.charts import LIVE_TIME_AXIS, MARGIN, NO_DATA, TIME_AXIS, count_axis, legend_label, ratio
 from app.format import gpus, si
-from app.grid import (BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure,
-                      grid_patch)
+from app.grid import BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure
+from app.gridserve import current_update
 
 dash.register_page(__name__, path="/", name="Cluster", title="Cluster · harvester")
 
@@ -74,24 +74,17 @@ def _timeline_fig(which: str) -> dict:
 @dash.callback(Output(ids.GRID, "figure"), Output(ids.GRID_KEY, "data"),
                Input(ids.TICK, "n_intervals"), State(ids.GRID_KEY, "data"))
 def update_grid(_n, key):
-    """Only what changed since the snapshot this browser shows (a full figure if it is unknown)."""
+    """Only what changed since the snapshot this browser shows (a full figure if it is unknown).
+    The server answers this callback before Dash does (app/gridserve.py), with the same update."""
     return grid_update(key)
 
 
 def grid_update(key):
-    snap = context.harvester.snapshot
-    if not snap.nodes:
+    """The shared update from the snapshot `key` names to the current one, as Dash outputs."""
+    update = current_update(key)
+    if update is None:
         return no_update, no_update
-    if key and key.get("boot") == context.BOOT and key.get("seq") == snap.seq:
-        return no_update, no_update
-    cache = context.cells
-    lay = cache.layout(snap.nodes)
-    new = cache.cells(snap)
-    new_key = {"boot": context.BOOT, "seq": snap.seq, "machine": cache.machine_id(snap.nodes)}
-    if not key or key.get("machine") != new_key["machine"]:
-        return grid_figure(lay, snap.nodes, new), new_key     # another node list: a new layout
-    old = cache.get(key["seq"]) if key.get("boot") == context.BOOT else None
-    return grid_patch(lay, old, new), new_key
+    return update.figure, update.key
 
 
 @dash.callback(Output(ids.KPI_IDLE, "children"), Output(ids.KPI_HARVESTED, "children"),
