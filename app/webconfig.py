@@ -12,7 +12,7 @@ class WebConfig:
     secure_cookies: bool = False          # the session cookie only over HTTPS (a site behind TLS)
     session_idle_s: float = 8 * 3600      # a browser session unused this long is logged out
     threads: int = 8                      # waitress worker threads
-    connection_limit: int = 200           # open connections at once, idle ones included
+    connection_limit: int = 500           # open connections at once, idle keep-alives included (bench.load: 200 viewers + pollers)
     channel_timeout_s: int = 30           # an idle connection is closed after this long
     max_body_bytes: int = MAX_BODY_BYTES
 
