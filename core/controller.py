@@ -420,7 +420,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                      and can_start(self.jobs[e[-1]].min_nodes, idle)]
         if not startable:
             return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
-        if not any(self._free_slots(self.in_lane(self.jobs[e[-1]])) > 0 for e in startable):
+        free = {lane: self._free_slots(lane) for lane in (False, True)}
+        if not any(free[self.in_lane(self.jobs[e[-1]])] > 0 for e in startable):
             waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
             for jid in waiting:
                 self._requeue(jid, now)

@@ -12,12 +12,11 @@ from core.clock import SimClock
 from core.controller import ControllerConfig
 from core.counters import SolveTimes
 from core.dispatchers.simulated import SimulatedDispatcher
-from core.model import Event, EventKind
 from core.restore import restore
 from core.runtime.reports import MAX_REPORT_BYTES, ReportBook
 from core.store import Store
 from tests.support.server import password, start_app
-from tests.support.sim import T0, controller, job
+from tests.support.sim import T0, churn, controller, job
 
 NODES = [f"a01n{i:02d}" for i in range(1, 9)]
 
@@ -37,11 +36,7 @@ def test_a_restored_controller_has_the_same_solve_histogram(tmp_path):
     ctl, clock = controller(NODES, ControllerConfig(max_jobs=3, tfwd=1000), store)
     for k in range(3):
         ctl.submit(job(f"J{k}", submit=T0 + k, total=1e9))
-    for t in range(1, 40):
-        clock.advance_to(T0 + 10 * t)
-        node = NODES[t % len(NODES)]
-        ctl.step([Event(clock.now(), EventKind.NODE_LEAVE, node=node),
-                  Event(clock.now(), EventKind.NODE_JOIN, node=node)])
+    churn(ctl, clock, NODES, 39)
     ctl.flush()
     back = restore(Store(tmp_path / "run.db"), SimulatedDispatcher(), SimClock(clock.now()), node_names=NODES)
     assert ctl.solve_times.count > 30

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import SHOTS, shoot as take_shot
+from tests.support.browser import SHOTS, login, shoot as take_shot
 from tests.support.server import browser_or_skip, password, start_app
 
 sync_api = browser_or_skip()
@@ -75,17 +75,6 @@ def anon(browser):
     yield w
     ctx.close()
     w.check()
-
-
-def login(page, base: str, name: str) -> None:
-    """Log in through the /login form; the page lands on /jobs."""
-    page.goto(base + "/login")
-    page.fill("#login-user", name)
-    page.fill("#login-password", password(name))
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r".*/jobs$"), timeout=15_000)
-    page.wait_for_function(
-        f"() => (document.querySelector('#nav-user')?.innerText || '').includes('{name} (')", timeout=15_000)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.support.browser import shoot
-from tests.support.server import browser_or_skip, password, start_app
+from tests.support.browser import login, shoot
+from tests.support.server import browser_or_skip, start_app
 
 sync_api = browser_or_skip()
 
@@ -39,11 +39,7 @@ def staff(browser, server):
         page.dialogs.append(d.message)
         d.accept() if page.accept_dialogs else d.dismiss()
     page.on("dialog", on_dialog)
-    page.goto(server.url + "/login")
-    page.fill("#login-user", "staff1")
-    page.fill("#login-password", password("staff1"))
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r".*/jobs$"), timeout=15_000)
+    login(page, server.url, "staff1")
     yield page
     ctx.close()
 

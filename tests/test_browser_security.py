@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.support.browser import shoot
-from tests.support.server import browser_or_skip, password, start_app
+from tests.support.browser import login, shoot
+from tests.support.server import browser_or_skip, start_app
 from tests.support.waiting import wait
 
 sync_api = browser_or_skip()
@@ -37,16 +37,6 @@ class Watched:
         page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
         page.on("response", lambda r: self.problems.append(f"{r.status} {r.url}")
                 if "/_dash-update-component" in r.url and r.status >= 400 else None)
-
-
-def login(page, base: str, name: str) -> None:
-    page.goto(base + "/login")
-    page.fill("#login-user", name)
-    page.fill("#login-password", password(name))
-    page.click("#login-submit")
-    page.wait_for_url(re.compile(r".*/jobs$"), timeout=15_000)
-    page.wait_for_function(
-        f"() => (document.querySelector('#nav-user')?.innerText || '').includes('{name} (')", timeout=15_000)
 
 
 @pytest.fixture

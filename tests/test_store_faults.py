@@ -24,7 +24,7 @@ from core.store import Store, StoreWriteError
 from core.storelock import StoreLock
 from tests.support.files import ROOT
 from tests.support.server import start_app, write_users
-from tests.support.sim import T0, controller, job
+from tests.support.sim import T0, churn, controller, job
 from tests.support.waiting import wait
 
 NODES = [f"a01n{i:02d}" for i in range(1, 9)]
@@ -91,11 +91,7 @@ def _filled_store(db: Path) -> None:
     ctl, clock = controller(NODES, ControllerConfig(max_jobs=3, tfwd=1000), store)
     for k in range(6):
         ctl.submit(job(f"J{k}", submit=T0 + k, total=1e9))
-    for t in range(1, 400):
-        clock.advance_to(T0 + 10 * t)
-        node = NODES[t % len(NODES)]
-        ctl.step([Event(clock.now(), EventKind.NODE_LEAVE, node=node),
-                  Event(clock.now(), EventKind.NODE_JOIN, node=node)])
+    churn(ctl, clock, NODES, 399)
     ctl.flush()
     store.close()
 

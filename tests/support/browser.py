@@ -3,11 +3,12 @@
 README's come from (look at them)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.support.server import CHROMIUM, CHROMIUM_ARGS, ROOT, browser_or_skip
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, ROOT, browser_or_skip, password
 
 SHOTS = ROOT / "build" / "screenshots"
 
@@ -29,3 +30,14 @@ def shoot(page, name: str, full: bool = False) -> Path:
     page.screenshot(path=str(path), full_page=full)
     assert path.stat().st_size > 10_000, f"{path} is suspiciously small"
     return path
+
+
+def login(page, base: str, name: str) -> None:
+    """Log in through the /login form; the page lands on /jobs."""
+    page.goto(base + "/login")
+    page.fill("#login-user", name)
+    page.fill("#login-password", password(name))
+    page.click("#login-submit")
+    page.wait_for_url(re.compile(r".*/jobs$"), timeout=15_000)
+    page.wait_for_function(
+        f"() => (document.querySelector('#nav-user')?.innerText || '').includes('{name} (')", timeout=15_000)

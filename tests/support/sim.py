@@ -4,7 +4,7 @@ from __future__ import annotations
 from core.clock import SimClock
 from core.controller import Controller, ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
-from core.model import Curve, Job
+from core.model import Curve, Event, EventKind, Job
 from core.timeutil import parse_iso
 
 T0 = parse_iso("2021-02-10T00:00:00Z")
@@ -20,3 +20,12 @@ def controller(nodes, config=None, store=None, t=T0):
     ctl = Controller(SimulatedDispatcher(), clock, config or ControllerConfig(), store, nodes)
     ctl.start(nodes)
     return ctl, clock
+
+
+def churn(ctl: Controller, clock: SimClock, nodes, steps: int) -> None:
+    """`steps` decisions 10 s apart, each a node leaving and coming back: history to store."""
+    for t in range(1, steps + 1):
+        clock.advance_to(T0 + 10 * t)
+        node = nodes[t % len(nodes)]
+        ctl.step([Event(clock.now(), EventKind.NODE_LEAVE, node=node),
+                  Event(clock.now(), EventKind.NODE_JOIN, node=node)])
