@@ -26,6 +26,7 @@ from typing import Optional
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from core.privatefiles import link_private, write_private
 from core.settings import UNIX_NAME
 
 ROLES = ("staff", "user")
@@ -193,7 +194,7 @@ def secret_key(db: Path) -> str:
     The file appears whole or not at all (written aside, then linked in)."""
     key = stored_key(db)
     if key is None:
-        _write_key(Path(str(db) + ".secret"), secrets.token_hex(32))
+        link_private(Path(str(db) + ".secret"), secrets.token_hex(32))
         key = stored_key(db)
     assert key is not None
     return key
@@ -215,41 +216,3 @@ def stored_key(db: Path) -> Optional[str]:
         raise ValueError(f"{path}: holds an empty or short key ({len(key)} characters, at least {MIN_KEY_CHARS} "
                          "needed): delete the file and a new key is made at the next start (logins end)")
     return key
-
-
-def _write_key(path: Path, key: str) -> None:
-    """Link a whole private copy of the key in place: a crash leaves either no key file or a
-    whole one; a racing process's key wins if it was first."""
-    tmp = _private_copy(path, key)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Replace `path` with `text` at once (a crash leaves the old file or the new), readable by
-    this Unix user only."""
-    tmp = _private_copy(path, text)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _private_copy(path: Path, text: str) -> Path:
-    """`text` in a new file beside `path`, mode 0600, flushed to disk."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp

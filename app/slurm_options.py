@@ -15,7 +15,7 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
            "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
            "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
            "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots",
-           "release_grace_s": "--slurm-release-grace"}
+           "release_grace_s": "--slurm-release-grace", "orphan_timeout_s": "--slurm-orphan-timeout"}
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -58,6 +58,10 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-release-grace", metavar="S", type=float, default=d.release_grace_s,
                    help="pilots are held only for the nodes the jobs can use (the sum of their max nodes); "
                         f"a surplus pilot is cancelled after this many seconds (default {d.release_grace_s:g})")
+    g.add_argument("--slurm-orphan-timeout", metavar="S", type=float, default=d.orphan_timeout_s,
+                   help="a pilot (and its workers) that lost the harvester keeps its node, trains on and "
+                        "redials this long, so a restarted harvester adopts it; 0: give the node back at once "
+                        f"(default {d.orphan_timeout_s:g})")
 
 
 def settings_from(args) -> dict:
@@ -75,4 +79,5 @@ def settings_from(args) -> dict:
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
                 log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
                 pending_timeout_s=args.slurm_pending_timeout, release_grace_s=args.slurm_release_grace,
-                hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots)
+                hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots,
+                orphan_timeout_s=args.slurm_orphan_timeout)

@@ -16,9 +16,10 @@ from typing import Optional
 
 from werkzeug.security import generate_password_hash
 
+from core.privatefiles import write_private
 from core.settings import UNIX_NAME
 
-from .auth import ROLES, Users, write_private
+from .auth import ROLES, Users
 
 MIN_PASSWORD = 8
 

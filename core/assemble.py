@@ -39,9 +39,11 @@ def _build(settings: HarvesterSettings) -> Harvester:
     live = settings.live
     lock = StoreLock(settings.db)
     if live.source == "slurm":
-        lock.acquire()      # before the source, which cancels the pilots it finds as its own
+        lock.acquire()      # before the source, which adopts or cancels the pilots it finds as its own
+        if settings.fresh:  # nothing of the earlier run is kept: its pilots are cancelled, not adopted
+            Path(str(settings.db) + ".hub").unlink(missing_ok=True)
     try:
-        source, nodes, hub = node_source(live)
+        source, nodes, hub = node_source(live, settings.db)
     except BaseException:
         lock.release()
         raise
@@ -62,16 +64,23 @@ def _build(settings: HarvesterSettings) -> Harvester:
                          trust_user_commands=live.trust_user_commands)
 
 
-def node_source(live: LiveSettings) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
+def node_source(live: LiveSettings, db: Optional[Path] = None) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
     """Where idle nodes come from, the nodes workers may run on, and (Slurm) the hub its pilots
-    dial; a Slurm dry run has none."""
+    dial; a Slurm dry run has none. With a store (`db`), the hub's identity is kept beside it
+    (`<db>.hub`): a restarted harvester is the hub its pilots redial."""
     if live.source == "slurm":
         from .slurm.cli import SlurmUnavailable
+        from .slurm.identity import IdentityError
         from .slurm.source import SlurmSource
         try:
-            source = SlurmSource(hub_settings(live))
+            slurm = hub_settings(live)
+            if db is not None and not slurm.state_file:
+                slurm = replace(slurm, state_file=str(db) + ".hub")
+            source = SlurmSource(slurm)
         except SlurmUnavailable as e:
             raise SettingsError("", f"cannot read Slurm: {e}") from None
+        except IdentityError as e:
+            raise SettingsError("", str(e)) from None
         except SettingsError as e:
             raise e.within("live.slurm") from None
         return source, [NodeSpec(n, slots=source.slots_of(n)) for n in source.node_names()], source.hub
@@ -102,7 +111,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
                             crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
-                            run_as=live.launcher)
+                            run_as=live.launcher,
+                            orphan_s=live.slurm.orphan_timeout_s if live.dispatcher == "pilot" else 0.0)
 
 
 def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:

@@ -54,6 +54,7 @@ class EventKind(str, enum.Enum):
     HARVESTER_START = "harvester_start"      # a new run on this store (logged, not handled)
     HARVESTER_CRASH = "harvester_crash"      # found at a restart: the last run did not stop cleanly
     HARVESTER_RESTART = "harvester_restart"  # the run on this store taken up again
+    WORKERS_ADOPTED = "workers_adopted"      # a restart found a job's workers training on (logged)
 
 
 #: order in which the controller handles events of one batch: a leave is always first.
@@ -70,6 +71,7 @@ EVENT_PRIORITY = {
     EventKind.HARVESTER_START: 9,
     EventKind.HARVESTER_CRASH: 9,
     EventKind.HARVESTER_RESTART: 9,
+    EventKind.WORKERS_ADOPTED: 9,
 }
 
 

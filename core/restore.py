@@ -45,7 +45,7 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
         if job.state is JobState.RUNNING:
             ctl.running[job.id] = None
             ctl.held[job.id] = [n for n in nodes if ctl.owner.get(n) == job.id]
-            dispatcher.resize(job, ctl.held[job.id], now)
+            dispatcher.resume(job, ctl.held[job.id], now)
             if advisor is not None:
                 advisor.ran(job.id, len(ctl.held[job.id]), now)
     for job, _ in rows:

@@ -473,3 +473,44 @@ def test_malformed_events_raise_and_older_generations_are_ignored() -> None:
         j.ev("A", P.EV_SYNCED, 1, rank=0, step=0)     # no generation
     assert j.ev("A", P.EV_STOPPED, 1, gen=99, step=1, reason="stop") == []
     assert j.m.worker_event({"ev": P.EV_HELLO, "node": "nobody", "inc": 1}, at(1)) == []
+
+
+# ---- after a harvester restart: a new machine adopts the workers that rejoin -----------------
+def rejoin(j: Job, node: str, inc: int, t: float, *, gen: int, step: int, running: bool,
+           members: list[str]) -> list[Send]:
+    j.inc[node] = inc
+    return j.ev(node, P.EV_REJOIN, t, inc=inc, gen=gen, rank=members.index(node) if node in members else 0,
+                world=len(members), members=members, step=step, running=running, k=7)
+
+
+def test_workers_that_rejoin_still_running_make_their_generation_current_without_a_regroup() -> None:
+    j = Job()
+    assert rejoin(j, "B", 3, 0.0, gen=5, step=410, running=True, members=["A", "B"]) == []
+    assert rejoin(j, "A", 2, 0.1, gen=5, step=412, running=True, members=["A", "B"]) == []
+    st = j.m.status()
+    assert (st["phase"], st["generation"], st["members"], st["committed_step"]) == ("running", 5, ["A", "B"], 412)
+    assert not st["regrouping"] and j.m.tick(at(0.2)) == []
+    assert j.m.gens[-1].reason == "resumed" and j.m.gens[-1].incarnations == {"A": 2, "B": 3}
+    inc, _ = j.m.worker_started("C", at(0.3))       # a new worker gets a fresh number, the next gen
+    assert inc == 1 and j.m.regroup(["A", "B"], at(0.3)) == 5
+    assert j.m.worker_started("A", at(0.4))[0] == 3, "incarnations go on above the adopted one"
+
+
+def test_a_rejoin_from_a_group_that_failed_meanwhile_stops_and_regroups_the_rest() -> None:
+    j = Job()
+    rejoin(j, "A", 1, 0.0, gen=2, step=100, running=True, members=["A", "B", "C"])
+    cmds = rejoin(j, "B", 1, 0.1, gen=2, step=99, running=False, members=["A", "B", "C"])
+    assert ops(cmds) == [("stop", "A", 2)]         # B's group failed while nobody listened
+    j.stopped(2, "A", t=0.2, step=100, reason=P.STOP_FAILED)
+    j.m.regroup(["A", "B"], at(0.3))
+    assert ops(j.m.tick(at(0.3))) == [("run", "A", 3, 0, 2), ("run", "B", 3, 1, 2)]
+    assert j.m.status()["committed_step"] == 100
+
+
+def test_a_rejoin_of_a_replaced_worker_is_told_to_exit() -> None:
+    j = Job()
+    j.warm("A")                                     # incarnation 1 is current here
+    j.m.worker_started("A", at(0.0))                # and now 2
+    cmds = j.m.worker_event({"ev": P.EV_REJOIN, "node": "A", "inc": 1, "pid": 9, "gen": 1, "rank": 0,
+                             "world": 1, "members": ["A"], "step": 3, "running": True, "k": 0}, at(0.1))
+    assert ops(cmds) == [("exit", "A")] and cmds[0].inc == 1

@@ -15,6 +15,11 @@ class Dispatcher(ABC):
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
         """Run `job` on exactly `nodes` from now on (start when it had none, stop at none)."""
 
+    def resume(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        """After a harvester restart: `job` ran on `nodes` when the last run stopped. A
+        dispatcher whose workers outlive the harvester adopts them; the rest start it again."""
+        self.resize(job, nodes, now)
+
     @abstractmethod
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
         """The main scheduler took `lost` back: get off them at once, before any re-plan."""

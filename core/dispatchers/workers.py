@@ -23,6 +23,7 @@ new size) a rescale-cost sample.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -35,6 +36,7 @@ from typing import Optional, Sequence
 
 from ..crashes import DEFAULT_CRASH_WINDOW_S, note_loss
 from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
+from ..privatefiles import write_private
 from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
@@ -61,6 +63,7 @@ class _Run:
     last_tail: list[str] = field(default_factory=list)
     meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
     paused_gen: int = 0                               # last generation whose pause was reported
+    adopt_until: Optional[float] = None   # monotonic: after a restart, waiting for its workers to rejoin
 
 
 class WorkerDispatcher(Dispatcher):
@@ -71,10 +74,13 @@ class WorkerDispatcher(Dispatcher):
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
                  crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0,
-                 run_as: Optional[RunAs] = None) -> None:
+                 run_as: Optional[RunAs] = None, orphan_s: float = 0.0, adopt_s: float = 30.0) -> None:
         """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
         whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too.
-        `run_as`: the site's launcher, before the argv of a job that runs as its owner's account."""
+        `run_as`: the site's launcher, before the argv of a job that runs as its owner's account.
+        `orphan_s` > 0 (workers that outlive the harvester: Slurm pilots): a worker that loses its
+        job's store trains on and redials it that long, and after a restart each job's workers
+        are waited for `adopt_s` to rejoin a coordinator on the same port, with the same secret."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -92,6 +98,8 @@ class WorkerDispatcher(Dispatcher):
         self.crash_window_s = crash_window_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.run_as = run_as
+        self.orphan_s = orphan_s
+        self.adopt_s = adopt_s
         self.life = 1                 # the harvester's start number (begin_life), in every log's name
         self.alive_every_s = alive_every_s
         self.pg_timeout_s = pg_timeout_s
@@ -117,6 +125,9 @@ class WorkerDispatcher(Dispatcher):
         with self._lock:
             run = self._run(job)
             want = list(nodes)
+            if run.adopt_until is not None:
+                run.target = want          # applied once its workers rejoined (`_adoption_over`)
+                return
             old = run.target
             removed = [n for n in old if n not in want]
             added = [n for n in want if n not in old]
@@ -134,6 +145,25 @@ class WorkerDispatcher(Dispatcher):
                     run.coord.dismiss(key, incarnation=run.incarnation.get(key))
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=self.pg_timeout_s + 5)
 
+    def resume(self, job: Job, nodes: Sequence[str], now: float) -> None:
+        """Workers that outlive the harvester (`orphan_s`) are adopted: the job's coordinator
+        comes back on its old port with its old secret, its workers rejoin it from memory (the
+        generation they run goes on), and only the nodes none rejoins from within `adopt_s`
+        get new workers. Otherwise, or when the old port cannot be had, it starts again."""
+        kept = self._load_kept(job.id) if self.orphan_s > 0 and job.launcher != LAUNCHER_TORCHRUN else None
+        if kept is None:
+            return self.resize(job, nodes, now)
+        with self._lock:
+            try:
+                run = self._run(job, kept)
+            except (OSError, RuntimeError) as e:       # the port is taken: start it again
+                log.warning("job %s: cannot serve its store on port %s again (%s): its workers "
+                            "cannot rejoin, new ones start", job.id, kept.get("port"), e)
+                self._kept(job.id).unlink(missing_ok=True)
+                return self.resize(job, nodes, now)
+            run.target = [n for n in nodes if n in self.specs]
+            run.adopt_until = time.monotonic() + self.adopt_s
+
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
         if job.launcher == LAUNCHER_TORCHRUN:
             return self.restarts.vacate(job, lost, now)
@@ -143,7 +173,8 @@ class WorkerDispatcher(Dispatcher):
                 return
             gone = set(lost)
             run.target = [n for n in run.target if n not in gone]
-            run.coord.regroup(self._keys(run.target))
+            if run.adopt_until is None:
+                run.coord.regroup(self._keys(run.target))
             for n in lost:
                 self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
 
@@ -159,6 +190,7 @@ class WorkerDispatcher(Dispatcher):
         run.ended = True
         run.coord.close(wait=False)
         self.book.revoke(job.id)
+        self._kept(job.id).unlink(missing_ok=True)
         for n in {ranks.node_of(k) for k in run.handles}:
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
 
@@ -238,6 +270,8 @@ class WorkerDispatcher(Dispatcher):
             for run in list(self._runs.values()):
                 if run.ended:
                     continue
+                if run.adopt_until is not None:
+                    self._adopt(run, now)
                 st = run.coord.status()
                 if st["finished"]:
                     run.ended = True
@@ -261,6 +295,7 @@ class WorkerDispatcher(Dispatcher):
             self._runs.clear()
         for run in runs:
             run.coord.close(wait=False)
+            self._kept(run.job.id).unlink(missing_ok=True)   # its workers are told to exit: none rejoins
             for n in {ranks.node_of(k) for k in run.handles}:
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
         for job in [r.job for r in self.restarts.runs.values()]:
@@ -269,12 +304,15 @@ class WorkerDispatcher(Dispatcher):
         self.transport.close()
 
     # ---- mechanism ------------------------------------------------------------------------
-    def _run(self, job: Job) -> _Run:
+    def _run(self, job: Job, kept: Optional[dict] = None) -> _Run:
+        """The job's run, made on first use; `kept`: its coordinator's port, secret and token
+        from the earlier harvester run (its workers rejoin that)."""
         run = self._runs.get(job.id)
         if run is None:
             if not job.command or not job.global_batch:
                 raise ValueError(f"job {job.id} has no command or global batch to run on workers")
-            token = secrets.token_urlsafe(24)
+            kept = kept or {}
+            token = kept.get("token") or secrets.token_urlsafe(24)
             url = f"{self.report_base}/{job.id}/report" if self.report_base else None
             ckpt = checkpoint_dir(self.logdir, job.id)
             extra = self._base_env()
@@ -282,10 +320,64 @@ class WorkerDispatcher(Dispatcher):
             coord = JobCoordinator(job.id, job.global_batch, int(job.total_samples),
                                    host=self.coordinator_host, bind_host=self.coordinator_bind,
                                    report_url=url, token=token, heartbeat_timeout_s=self.heartbeat_timeout_s,
-                                   pg_timeout_s=self.pg_timeout_s, extra_env=extra)
+                                   pg_timeout_s=self.pg_timeout_s, extra_env=extra,
+                                   port=int(kept.get("port") or 0), secret=kept.get("secret"),
+                                   orphan_s=self.orphan_s)
+            if self.orphan_s > 0:
+                (self.logdir / job.id).mkdir(parents=True, exist_ok=True)
+                write_private(self._kept(job.id), json.dumps(
+                    {"port": coord.address[1], "secret": coord.secret, "token": coord.token}))
             self.book.register(job.id, coord.token)
             run = self._runs[job.id] = _Run(job, coord)
         return run
+
+    def _kept(self, job_id: str) -> Path:
+        """Where a job's coordinator identity is kept while it runs (mode 0600)."""
+        return self.logdir / job_id / "coordinator.json"
+
+    def _load_kept(self, job_id: str) -> Optional[dict]:
+        try:
+            kept = json.loads(self._kept(job_id).read_text())
+            ok = isinstance(kept, dict) and isinstance(kept.get("port"), int) and 0 < kept["port"] < 65536 \
+                and all(isinstance(kept.get(k), str) and len(kept[k]) >= 16 for k in ("secret", "token"))
+        except (OSError, ValueError):
+            return None
+        return kept if ok else None
+
+    def _adopt(self, run: _Run, now: float) -> None:
+        """Take the handles of the workers that rejoined (their pilot listed them when it
+        redialed); when every node of the job is back, or `adopt_s` is up, the job goes on."""
+        for key, (inc, _pid) in run.coord.rejoined().items():
+            node = ranks.node_of(key)
+            if key in run.handles or node not in self.specs:
+                continue
+            h = self.transport.adoptable(self.specs[node], run.job.id, key, inc)
+            if h is not None:
+                run.handles[key] = h
+                run.incarnation[key] = inc
+        complete = all(k in run.handles for k in self._keys(run.target))
+        if complete or time.monotonic() >= (run.adopt_until or 0.0):
+            self._adoption_over(run, now)
+
+    def _adoption_over(self, run: _Run, now: float) -> None:
+        """The nodes whose every rank rejoined are the job's again; `resize` then starts new
+        workers where none came back and dismisses adopted ones the job no longer has."""
+        asked, run.adopt_until = run.target, None
+        nodes = {ranks.node_of(k) for k in run.handles}
+        whole = [n for n in nodes if all(k in run.handles for k in self._keys([n]))]
+        for n in nodes - set(whole):           # a part of a node's ranks: the node starts afresh
+            self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
+        order = {k: i for i, k in enumerate(run.coord.status()["members"])}
+        run.target = sorted(whole, key=lambda n: min(order.get(k, len(order)) for k in self._keys([n])))
+        want = [n for n in run.target if n in asked] + [n for n in asked if n not in whole]   # ranks kept
+        st = run.coord.status()
+        if whole:
+            self._events.append(Event(now, EventKind.WORKERS_ADOPTED, job=run.job.id, detail=(
+                f"{len(whole)} node(s) of workers rejoined after the restart and trained on from step "
+                f"{st['committed_step']} (generation {st['generation']}, {st['phase']})"
+                + (f"; new workers for {len(want) - len([n for n in want if n in whole])} node(s)"
+                   if any(n not in whole for n in want) else ""))))
+        self.resize(run.job, want, now)
 
     def _base_env(self) -> dict[str, str]:
         """What every worker gets besides its job's own variables: the site's names

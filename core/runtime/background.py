@@ -76,20 +76,21 @@ class CoordinatorLink:
     def __init__(self, host: str, port: int, timeout: timedelta, node: str, incarnation: int, *,
                  secret: str, progress: Callable[[], Optional[int]], snapshot: Callable[[], dict],
                  report_url: Optional[str] = None, token: str = "",
-                 report_every_s: float = 1.0) -> None:
+                 report_every_s: float = 1.0, orphan_s: float = 0.0,
+                 whereabouts: Callable[[], dict] = dict) -> None:
+        """`orphan_s`: how long to train on and redial when the store goes away (the harvester
+        restarting) before leaving as an orphan; `whereabouts()`: what the `rejoin` event then
+        tells the new coordinator (generation, rank, members, step, running)."""
         self.node, self.incarnation = node, incarnation
         self._progress, self._snapshot = progress, snapshot
         self._report_url, self._token, self._report_every = report_url, token, report_every_s
-
-        def connect() -> SignedStore:
-            return signed(dist.TCPStore(host, port, None, False, timeout=timeout), secret,
-                          timeout.total_seconds())
-
-        self._ctl = connect()       # events, heartbeat, progress (short operations, any thread)
-        self._cmds = connect()      # the watcher thread's blocking waits
-        self.pgstore = connect()    # process-group rendezvous (may block up to the pg timeout)
+        self._where = (host, port, secret, timeout)
+        self.orphan_s = float(orphan_s)
+        self._whereabouts = whereabouts
+        self._ctl, self._cmds, self.pgstore = self._connect(timeout)
         self._ctl.set(P.heartbeat_key(node, incarnation), "0")
-        self.orphaned = False       # coordinator (store) vanished
+        self.away = False           # the store is gone; redialing it (orphan_s > 0)
+        self.orphaned = False       # coordinator (store) vanished for good
         self.leave_asked = False    # coordinator said exit
         self.stop_gens: set[int] = set()
         self.commands: "queue.Queue[dict]" = queue.Queue()   # run commands, in order
@@ -97,10 +98,21 @@ class CoordinatorLink:
         self._threads: list[threading.Thread] = []
         self._watch_k = 0
 
+    def _connect(self, connect_timeout: timedelta) -> tuple[SignedStore, SignedStore, SignedStore]:
+        """Three connections: events, heartbeat and progress (short operations, any thread); the
+        watcher's blocking waits; the process-group rendezvous (may block up to the pg timeout)."""
+        host, port, secret, timeout = self._where
+
+        def one() -> SignedStore:
+            store = dist.TCPStore(host, port, None, False, timeout=connect_timeout)
+            store.set_timeout(timeout)
+            return signed(store, secret, timeout.total_seconds())
+        return one(), one(), one()
+
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str, incarnation: int, pg_timeout_s: float, *,
-                 progress: Callable[[], Optional[int]],
-                 snapshot: Callable[[], dict]) -> "CoordinatorLink":
+                 progress: Callable[[], Optional[int]], snapshot: Callable[[], dict],
+                 whereabouts: Callable[[], dict] = dict) -> "CoordinatorLink":
         """Connect as the coordinator's environment (`JobCoordinator.worker_env()`) says."""
         host, port = env[P.ENV_STORE].rsplit(":", 1)
         secret = env.get(P.ENV_SECRET)
@@ -110,7 +122,8 @@ class CoordinatorLink:
         return cls(host, int(port), timedelta(seconds=max(30.0, 3 * pg_timeout_s)), node,
                    incarnation, secret=secret, progress=progress, snapshot=snapshot,
                    report_url=env.get(P.ENV_REPORT_URL) or None, token=env.get(P.ENV_TOKEN, ""),
-                   report_every_s=float(env.get(P.ENV_REPORT_INTERVAL, "1.0")))
+                   report_every_s=float(env.get(P.ENV_REPORT_INTERVAL, "1.0")),
+                   orphan_s=float(env.get(P.ENV_ORPHAN, "0") or 0), whereabouts=whereabouts)
 
     def start(self) -> None:
         loops = [(self._watch, "elastic-watch"), (self._beat, "elastic-beat")]
@@ -122,15 +135,16 @@ class CoordinatorLink:
 
     def event(self, kind: str, **fields: Any) -> None:
         """Send a worker event (protocol.py); a failure means the coordinator is gone."""
-        if self.orphaned:
-            return
+        if self.orphaned or self.away:
+            return                      # a new coordinator learns what matters from `rejoin`
         msg = {"ev": kind, "node": self.node, "inc": self.incarnation, "pid": os.getpid(),
                "t": time.time(), **fields}
         try:
             n = self._ctl.add(P.EVENT_COUNTER, 1)
             self._ctl.set(P.event_key(n), P.encode(msg))
         except Exception:  # noqa: BLE001 - the coordinator is gone
-            self.orphaned = True
+            if self.orphan_s <= 0:
+                self.orphaned = True    # else the watcher's wait fails too, and it redials
 
     def stop(self) -> None:
         """Join the helper threads before the interpreter finalises: a daemon thread coming
@@ -140,7 +154,7 @@ class CoordinatorLink:
         for t in self._threads[1:]:     # beat / report: they wake on the event
             t.join(0.5)
         for _ in range(5):
-            if not self._threads or not self._threads[0].is_alive() or self.orphaned:
+            if not self._threads or not self._threads[0].is_alive() or self.orphaned or self.away:
                 return                  # an orphan's watcher already failed out of its wait
             try:                        # wake the watcher: its next command key, if still unset
                 self._ctl.compare_set(P.cmd_key(self.node, self.incarnation, self._watch_k), "",
@@ -161,8 +175,10 @@ class CoordinatorLink:
             except Exception as e:  # noqa: BLE001
                 if "timeout" in str(e).lower():
                     continue
-                self.orphaned = True
-                return
+                if self._quit.is_set() or not self._redial(k):
+                    self.orphaned = True
+                    return
+                continue
             if raw is None:             # forged: the coordinator's own set overwrites it
                 self._quit.wait(0.02)
                 continue
@@ -176,6 +192,35 @@ class CoordinatorLink:
                 self.leave_asked = True
             else:
                 self.commands.put(cmd)
+
+    def _redial(self, k: int) -> bool:
+        """The store went away (its harvester died or is restarting): the generation trains on
+        (its collectives do not need the store) while this dials the same address again for
+        `orphan_s`. Connected: the `rejoin` event tells the new coordinator where this worker
+        stands and which command it reads next (`k`). False: gone for good, or orphan_s is 0."""
+        if self.orphan_s <= 0:
+            return False
+        self.away = True
+        deadline = time.monotonic() + self.orphan_s
+        log.warning("worker %s: the coordinator's store went away; training on and redialing it for %g s",
+                    self.node, self.orphan_s)
+        while not self._quit.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("worker %s: no coordinator within %g s: leaving", self.node, self.orphan_s)
+                return False
+            try:
+                ctl, cmds, pg = self._connect(timedelta(seconds=max(0.5, min(2.0, left))))
+                ctl.set(P.heartbeat_key(self.node, self.incarnation), "0")
+            except Exception:  # noqa: BLE001 - not back yet
+                self._quit.wait(min(0.5, max(0.0, left)))
+                continue
+            self._ctl, self._cmds, self.pgstore = ctl, cmds, pg
+            self.away = False
+            self.event(P.EV_REJOIN, k=k, **self._whereabouts())
+            log.warning("worker %s: rejoined the coordinator", self.node)
+            return not self.orphaned
+        return False
 
     def _beat(self) -> None:
         """Heartbeat every HEARTBEAT_S; rank 0 also publishes progress every PROGRESS_S."""

@@ -38,7 +38,7 @@ from typing import Optional
 import torch.distributed as dist
 
 from . import protocol as P
-from .regroup import Instant, RegroupMachine, Send
+from .regroup import W_GONE, Instant, RegroupMachine, Send
 from .signing import SignedStore, signed
 
 __all__ = ["JobCoordinator"]
@@ -65,8 +65,9 @@ def _serve(host: str, port: int, bind_host: Optional[str], timeout: timedelta) -
     `bind_host`, through a socket bound here and handed to torch (`master_listen_fd`, which
     takes over a duplicate of the descriptor). The server's own client dials `bind_host` then,
     unless it is a wildcard address."""
-    if bind_host is None:
+    if bind_host is None and not port:
         return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
+    bind_host = bind_host or "0.0.0.0"        # a given port (a restart) is bound here: SO_REUSEADDR
     family, kind, proto, _, addr = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM,
                                                       flags=socket.AI_PASSIVE)[0]
     with socket.socket(family, kind, proto) as sock:
@@ -88,7 +89,11 @@ class JobCoordinator:
                  heartbeat_timeout_s: float = 15.0, checksums: bool = True,
                  max_failed_generations: int = 3, checkpoint_dir: Optional[str] = None,
                  extra_env: Optional[dict[str, str]] = None,
-                 bind_host: Optional[str] = None) -> None:
+                 bind_host: Optional[str] = None, secret: Optional[str] = None,
+                 orphan_s: float = 0.0) -> None:
+        """`port`, `secret` and `token` of an earlier coordinator of the job (the harvester
+        restarted) make this one the store its workers redial; `orphan_s`: how long a worker
+        trains on and redials when the store goes away (HARVEST_ORPHAN_S)."""
         if global_batch <= 0 or total_samples <= 0:
             raise ValueError("global_batch and total_samples must be positive")
         self.job_id = job_id
@@ -110,7 +115,8 @@ class JobCoordinator:
                                        heartbeat_timeout_s=self.heartbeat_timeout_s,
                                        max_failed_generations=self.max_failed_generations,
                                        job_id=job_id)
-        self.secret = secrets.token_hex(16)     # workers get it in their environment only
+        self.secret = secret or secrets.token_hex(16)     # workers get it in their environment only
+        self.orphan_s = float(orphan_s)
         self.bind_host = bind_host
         timeout = timedelta(seconds=max(30.0, 3 * self.pg_timeout_s))
         self._server: Optional[dist.TCPStore] = _serve(host, port, bind_host, timeout)
@@ -153,6 +159,8 @@ class JobCoordinator:
                P.ENV_TOTAL_SAMPLES: str(self.total_samples),
                P.ENV_PG_TIMEOUT: str(self.pg_timeout_s),
                P.ENV_CHECKSUMS: "1" if self.checksums else "0"}
+        if self.orphan_s > 0:
+            env[P.ENV_ORPHAN] = f"{self.orphan_s:g}"
         if self.report_url:
             env[P.ENV_REPORT_URL] = self.report_url
         if host.startswith("127.") or host in ("localhost", "::1"):
@@ -204,6 +212,13 @@ class JobCoordinator:
         with self._lock:
             return [(w.node, w.inc) for w in self._machine.workers.values()
                     if w.lost and w.exit_reason == "heartbeat"]
+
+    def rejoined(self) -> dict[str, tuple[int, Optional[int]]]:
+        """Workers known and not gone, key -> (incarnation, pid): after a restart, those that
+        rejoined (their processes are adopted by the dispatcher)."""
+        with self._lock:
+            return {k: (w.inc, w.pid) for k, w in self._machine.workers.items()
+                    if w.connected and w.state != W_GONE}
 
     def status(self) -> dict:
         """The machine's status, plus `forged_reads`: values read from the store whose tag was
@@ -293,7 +308,11 @@ class JobCoordinator:
                 self._ev_next += 1
                 self._gap_since = None
                 try:
-                    cmds = self._machine.worker_event(P.decode(raw), _now())
+                    msg = P.decode(raw)
+                    if msg.get("ev") == P.EV_REJOIN:      # its command stream goes on where it is
+                        key = (str(msg["node"]), int(msg["inc"]))
+                        self._cmd_next[key] = max(self._cmd_next.get(key, 0), int(msg["k"]))
+                    cmds = self._machine.worker_event(msg, _now())
                 except (ValueError, KeyError, TypeError) as e:
                     log.warning("job %s: bad worker event %r: %s", self.job_id, raw[:200], e)
                     continue

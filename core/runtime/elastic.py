@@ -39,7 +39,8 @@ Rules of the API
   ranks); derive learning-rate schedules from `step`. Do not run your own collectives in the loop.
 - `steps()` returns only when the job has finished. When the worker is dismissed, gets SIGTERM,
   or loses its coordinator, it leaves at the next step boundary and raises SystemExit (0; 3 when
-  the coordinator vanished).
+  the coordinator vanished). With HARVEST_ORPHAN_S (pilots on Slurm) a lost coordinator is first
+  redialed that long while the generation trains on: a restarted harvester adopts the worker.
 - With `checkpoint_dir`, rank 0 writes `checkpoint.pt` atomically every `checkpoint_every_s`,
   when the last rank leaves, and at the end; a generation whose members hold no newer state
   restores it. This only protects against losing every node at once.
@@ -152,6 +153,7 @@ class ElasticJob:
         self._exit_reported = False
         self._progress = Progress()
         self._pending_run: Optional[dict] = None
+        self._members: list[str] = []
         self._link: Optional[CoordinatorLink] = None
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -176,7 +178,7 @@ class ElasticJob:
         self._checksums = env.get(P.ENV_CHECKSUMS, "1") == "1"
         self._link = CoordinatorLink.from_env(
             env, self.node, self.incarnation, self._pg_timeout, progress=self._publishing,
-            snapshot=lambda: self._progress.snapshot(self))
+            snapshot=lambda: self._progress.snapshot(self), whereabouts=self._whereabouts)
         atexit.register(self._atexit)
         self._event(P.EV_HELLO, host=socket.gethostname())
         self._link.start()
@@ -360,9 +362,15 @@ class ElasticJob:
         self._fresh = False
         return src, steps, restored
 
+    def _whereabouts(self) -> dict:
+        """Where this worker stands, for a coordinator that restarted (the `rejoin` event)."""
+        return {"gen": self.generation, "rank": self.rank, "world": self.world_size,
+                "members": list(self._members), "step": self.step, "running": self._in_generation}
+
     def _take_place(self, members: list[str]) -> None:
         """This rank's place in the new generation, in the attributes and in os.environ (what
         torchrun would have set), for scripts and libraries that read them."""
+        self._members = list(members)
         if self.node not in members:
             return
         where = ranks.place(members, self.node)

@@ -35,6 +35,10 @@ Worker events (field "ev"; every event also has node, inc, pid, t = worker wall 
               reason: "stop" (asked), "finished" (all steps done), "failed" (a collective failed:
               parameters are at the last committed step), "leaving" (this worker exits next)
   exit        the worker process is exiting                    {reason}
+  rejoin      connected again after the store went away (the harvester restarted; HARVEST_ORPHAN_S)
+                                                               {gen, rank, world, members, step,
+                                                                running: still in generation gen,
+                                                                k: index of its next command}
 
 Stop agreement: at every step boundary each rank all_reduces (SUM) a two-element tensor
 [stop asked for this generation, this rank is leaving]; any non-zero stops every rank before the
@@ -59,6 +63,8 @@ ENV_TOTAL_SAMPLES = "HARVEST_TOTAL_SAMPLES"
 ENV_PG_TIMEOUT = "HARVEST_PG_TIMEOUT"
 ENV_CHECKSUMS = "HARVEST_CHECKSUMS"          # "1": hash parameters at every sync and stop
 ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"  # default checkpoint dir (the script's argument wins)
+ENV_ORPHAN = "HARVEST_ORPHAN_S"              # seconds a worker trains on without its store, redialing
+                                             # it (0: it leaves at once, as an orphan)
 
 META = "meta"
 EVENT_COUNTER = "evn"
@@ -73,6 +79,7 @@ EV_SYNCED = "synced"
 EV_FIRST_STEP = "first_step"
 EV_STOPPED = "stopped"
 EV_EXIT = "exit"
+EV_REJOIN = "rejoin"
 
 OP_RUN = "run"
 OP_STOP = "stop"

@@ -23,6 +23,10 @@ regrouped on its surviving members, unless a regroup() is pending, which then wi
 Every new worker on a node is a new *incarnation* of it: events, losses and dismissals that name
 an older incarnation are ignored, so late news about a replaced process never hits its successor.
 A worker whose heartbeat has not changed for `heartbeat_timeout_s` (hung, partitioned) is lost.
+
+After a harvester restart a new machine starts empty and adopts the workers that `rejoin` (they
+trained on while the store was away, see core/runtime/background.py): the generation they still
+run becomes the current one, so training goes on without a regroup.
 """
 from __future__ import annotations
 
@@ -309,6 +313,9 @@ class RegroupMachine(RegroupState):
     # ------------------------------------------------------------------ messages from the workers
     def worker_event(self, msg: dict, now: Instant) -> list[Send]:
         """One event a worker wrote (protocol.py); KeyError/ValueError/TypeError if malformed."""
+        if msg.get("ev") == P.EV_REJOIN:
+            self._on_rejoin(msg, now)
+            return self._take()
         w = self.workers.get(msg.get("node", ""))
         if w is None or msg.get("inc") != w.inc:
             return []                         # an older process on that node
@@ -380,6 +387,44 @@ class RegroupMachine(RegroupState):
         return self._take()
 
     # ------------------------------------------------------------------ worker events
+    def _on_rejoin(self, msg: dict, now: Instant) -> None:
+        """A worker of an earlier coordinator (the harvester restarted) is back, with where it
+        stands: it is adopted as it is. Workers still in a generation make it the running one
+        again (it trained on meanwhile), so nothing stops; one whose generation failed meanwhile
+        is ready, and a running generation it belonged to is stopped and regrouped."""
+        node, inc = str(msg["node"]), int(msg["inc"])
+        gen, step, running = int(msg["gen"]), int(msg["step"]), bool(msg["running"])
+        members = [str(m) for m in msg.get("members") or []]
+        old = self.workers.get(node)
+        if old is not None and old.inc > inc:
+            self._out.append(Send(node, inc, {"op": P.OP_EXIT}, best_effort=True))   # replaced since
+            return
+        self.incarnations[node] = max(self.incarnations.get(node, 0), inc)
+        w = self.workers[node] = Worker(node, inc, W_READY, pid=msg.get("pid"), step=step,
+                                        connected=True, hb_seen=now.mono, started=now.mono)
+        self.last_gen = max(self.last_gen, gen)
+        self._set_committed(max(self.committed, step))
+        cur = self.current
+        if running and node in members and (cur is None or cur.gen < gen):
+            cur = self.current = Generation(gen, members, "resumed", requested_at=now.wall,
+                                            published_at=now.wall, synced_at=now.wall,
+                                            first_step_at=now.wall, start_step=step, _req_mono=now.mono)
+            self.gens.append(cur)
+            self.phase, self.size_since, self.pending = PH_RUNNING, now.wall, None
+        if cur is None or cur.gen != gen or node not in cur.members or self.phase not in (PH_RUNNING, PH_STOPPING):
+            if running:                      # an older generation than the one adopted: stop it
+                self._send(w, {"op": P.OP_STOP, "gen": gen})
+            return
+        cur.incarnations[node] = inc
+        if running:
+            w.state = W_RUNNING
+        else:                                # its group failed while nobody was listening
+            cur.stopped[node] = {"step": step, "reason": P.STOP_FAILED, "checksum": None,
+                                 "error": "the group failed while the coordinator was away"}
+            cur.failed = True
+            if self.phase == PH_RUNNING:
+                self._stop_current(now)
+
     def _on_hello(self, w: Worker, msg: dict, now: Instant) -> None:
         w.connected, w.host, w.hb_seen = True, msg.get("host"), now.mono
         if w.state == W_STARTING:

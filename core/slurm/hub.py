@@ -25,13 +25,24 @@ from typing import Callable, Optional
 from .cli import valid_job_id
 from .lobby import Lobby
 from .tls import server_context
-from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, Wire
+from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, WELCOME, Wire
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
 MAX_CONNECTIONS = 4 * 64 + 64   # see SlurmSettings.hub_connection_cap
 #: a node name as a pilot may give it (SLURMD_NODENAME or the host name)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+MAX_WORKERS = 1024               # workers a redialing pilot may list (one per GPU of its node)
+WORKER_FIELDS = {"pid": int, "token": str, "log": str, "job": str, "key": str, "inc": int}
+
+
+def valid_worker(w: object) -> bool:
+    """One entry of a redialing pilot's `workers`: its process and whose worker it is."""
+    return (isinstance(w, dict) and all(isinstance(w.get(k), t) and not isinstance(w.get(k), bool)
+                                        for k, t in WORKER_FIELDS.items())
+            and all(len(w[k]) <= 4096 for k in ("token", "log", "job", "key")))
 
 
 class PilotGone(RuntimeError):
@@ -49,6 +60,7 @@ class PilotLink:
     leaving: bool = False                          # it said SIGTERM; it is stopping its workers
     signalled_at: Optional[float] = None           # the pilot's wall clock when the signal came
     closed: threading.Event = field(default_factory=threading.Event)
+    workers: list[dict] = field(default_factory=list)   # a redialing pilot's workers (`adoptable`)
     _waiting: dict = field(default_factory=dict)   # request id -> [Event, reply]
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: "itertools.count" = field(default_factory=itertools.count)
@@ -96,11 +108,13 @@ class PilotHub:
     def __init__(self, token: str, on_hello: Callable[[PilotLink], None],
                  on_leave: Callable[[PilotLink, str], None], host: str = "127.0.0.1", port: int = 0,
                  max_connections: int = MAX_CONNECTIONS, hello_timeout_s: float = HELLO_TIMEOUT_S,
-                 send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+                 send_timeout_s: float = SEND_TIMEOUT_S,
+                 identity: Optional[tuple[str, str]] = None) -> None:
+        """`identity`: the certificate and key (PEM) to show pilots; a fresh one if None."""
         self.token = token
         self.on_hello = on_hello
         self.on_leave = on_leave
-        ctx, self.fingerprint = server_context()
+        ctx, self.fingerprint = server_context(identity)
         self._server = socket.create_server((host, port), backlog=1024)
         self._server.setblocking(False)
         self.address = self._server.getsockname()[:2]
@@ -136,7 +150,8 @@ class PilotHub:
         link = None
         if why is None:
             assert hello is not None
-            link = PilotLink(hello["job"], hello["node"], hello.get("pid") or 0, wire, time.time())
+            link = PilotLink(hello["job"], hello["node"], hello.get("pid") or 0, wire, time.time(),
+                             workers=list(hello.get("workers") or []))
             why = self._register(link)
         if why is not None or link is None:
             if link is None and why in ("no hello", "a wrong token"):
@@ -171,6 +186,9 @@ class PilotHub:
         pid = hello.get("pid", 0)
         if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
             return f"pid {str(pid)[:20]!r} is not a process id"
+        workers = hello.get("workers", [])
+        if not isinstance(workers, list) or len(workers) > MAX_WORKERS or not all(map(valid_worker, workers)):
+            return "its list of running workers is malformed"
         return None
 
     def _register(self, link: PilotLink) -> Optional[str]:
@@ -198,6 +216,7 @@ class PilotHub:
 
     def _serve(self, link: PilotLink) -> None:
         try:
+            link.wire.send({"op": WELCOME})
             self.on_hello(link)
             while (msg := link.wire.recv()) is not None:
                 if msg.get("op") == LEAVING and not link.leaving:

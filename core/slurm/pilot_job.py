@@ -12,7 +12,11 @@ only way the harvester uses that node, so whatever Slurm does to the pilot happe
      which tracks a job's processes by parentage, can never lose one.
   3. On SIGTERM (Slurm preempts the pilot, or its time limit is up) it tells the hub `leaving`
      before anything else, stops its workers (SIGTERM, SIGKILL after the grace) and exits, which
-     gives the node back. If the hub goes away it does the same without the message.
+     gives the node back.
+  4. If the hub goes away (the harvester crashed or is being restarted) it keeps its node and its
+     workers, which train on, and redials with backoff for the orphan timeout; its new hello
+     lists the workers still running, and the restarted harvester adopts them. No hub within
+     the timeout: it stops its workers and exits as on SIGTERM, without the message.
 
 It imports only the standard library and the local transport: it starts in tens of milliseconds.
 Its signals are blocked until the hello is out, so that a `leaving` always follows the hello.
@@ -20,6 +24,7 @@ Its signals are blocked until the hello is out, so that a `leaving` always follo
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sys
@@ -29,10 +34,13 @@ from typing import Optional
 
 from ..transports.base import DEVICE_ENV, Handle, NodeSpec, StartError
 from ..transports.local import LocalTransport
-from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, KILL, LEAVING, START,
-                   STOP, TAIL, Wire, WrongCertificate, dial)
+from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN, HELLO, KILL, LEAVING,
+                   START, STOP, TAIL, WELCOME, Wire, WrongCertificate, dial)
 
 CONNECT_TRIES_S = 10.0
+REDIAL_MAX_S = 2.0              # the longest wait between two redials of a lost hub
+#: what a redialing pilot tells about each worker: whose it is (from the env it was started with)
+WORKER_ENV = {"job": "HARVEST_JOB", "key": "HARVEST_NODE", "inc": "HARVEST_INCARNATION"}
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -41,34 +49,96 @@ def log(msg: str) -> None:
 
 
 class Pilot:
-    def __init__(self, wire: Wire, node: str, job: str, grace_s: float) -> None:
+    def __init__(self, wire: Wire, node: str, job: str, grace_s: float, *, hub: str = "",
+                 sha256: str = "", token: str = "", orphan_s: float = 0.0) -> None:
         self.wire = wire
         self.node = NodeSpec(node)
         self.job = job
         self.grace_s = grace_s
+        self.hub, self.sha256, self.token, self.orphan_s = hub, sha256, token, orphan_s
         self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",), inherit=DEVICE_ENV)
         self.handles: dict[tuple[int, str], Handle] = {}
+        self.owners: dict[tuple[int, str], dict] = {}    # whose worker each is (WORKER_ENV)
+        self.welcomed = False         # the hub accepted the current connection's hello
+        self.lost_at = time.monotonic()
         self.lock = threading.Lock()
         self.leaving = threading.Event()
         self.done = threading.Event()
 
-    # ---- requests from the hub (the reader thread; it also starts every worker, so that the
-    # workers' parent-death signal fires when the pilot's connection, and the pilot, are gone)
+    # ---- requests from the hub (the reader thread, for the pilot's whole life: it also starts
+    # every worker, and a worker's parent-death signal fires when the thread that started it ends)
     def serve(self) -> None:
         try:
             while True:
-                msg = self.wire.recv()
-                if msg is None:
-                    if not self.leaving.is_set():
-                        log("the harvester went away")
+                self._read()
+                if self.leaving.is_set() or not self._redial():
                     return
-                op, rid = msg.get("op"), msg.get("id")
-                if op in (STOP, KILL):
-                    threading.Thread(target=self._reply, args=(op, rid, msg), daemon=True).start()
-                else:
-                    self._reply(op, rid, msg)
         finally:
             self.done.set()
+
+    def _read(self) -> None:
+        """Answer the hub's requests until its connection ends."""
+        wire = self.wire
+        while (msg := wire.recv()) is not None:
+            op, rid = msg.get("op"), msg.get("id")
+            if op == WELCOME:
+                self.welcomed = True
+            elif op in (STOP, KILL):
+                threading.Thread(target=self._reply, args=(op, rid, msg), daemon=True).start()
+            else:
+                self._reply(op, rid, msg)
+
+    def hello(self) -> dict:
+        return {"op": HELLO, "token": self.token, "job": self.job, "node": self.node.name,
+                "pid": os.getpid(), "workers": self.running()}
+
+    def running(self) -> list[dict]:
+        """The workers still alive, with whose they are: what a restarted harvester adopts."""
+        with self.lock:
+            items = list(self.handles.items())
+        alive = self.transport.alive_many([h for _, h in items]) if items else {}
+        out = []
+        for key, h in items:
+            owner = self.owners.get(key)
+            if alive.get(h) and owner is not None:
+                out.append({"pid": h.pid, "token": h.token, "log": h.log_path, **owner})
+        return out
+
+    def _redial(self) -> bool:
+        """The hub is gone: keep the node and the workers and dial it again with backoff until
+        `orphan_s` has passed (True: connected, hello sent)."""
+        if self.orphan_s <= 0:
+            log("the harvester went away")
+            return False
+        if self.welcomed:
+            self.lost_at = time.monotonic()           # else: refused, the clock runs on
+        self.welcomed = False
+        deadline = self.lost_at + self.orphan_s
+        log(f"the harvester went away; keeping {len(self.handles)} worker(s) and redialing it for "
+            f"{max(0.0, deadline - time.monotonic()):.0f} s")
+        delay = 0.2
+        while not self.leaving.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log(f"no harvester within {self.orphan_s:g} s")
+                return False
+            try:
+                wire = dial(self.hub, self.sha256, max(1.0, min(5.0, left)))
+            except WrongCertificate as e:
+                log(f"refusing to talk to {self.hub}: {e}")
+                return False
+            except OSError:
+                self.leaving.wait(min(delay * (0.75 + random.random() / 2), max(0.0, left)))
+                delay = min(REDIAL_MAX_S, delay * 2)
+                continue
+            self.wire = wire
+            if not wire.send(self.hello()):
+                continue
+            if self.leaving.is_set():             # SIGTERM came while redialing
+                wire.send({"op": LEAVING, "reason": "SIGTERM", "at": time.time()})
+            log(f"redialed the harvester at {self.hub}")
+            return True
+        return False
 
     def _reply(self, op: Optional[str], rid, msg: dict) -> None:
         try:
@@ -84,8 +154,12 @@ class Pilot:
             if self.leaving.is_set():
                 return {"ok": False, "error": "leaving", "message": f"{self.node.name} is being given back"}
             h = self.transport.start(self.node, msg["argv"], msg["env"], msg.get("workdir", ""), msg["log"])
+            env = msg["env"]
             with self.lock:
                 self.handles[(h.pid, h.token)] = h
+                if all(v in env for v in WORKER_ENV.values()) and env[WORKER_ENV["inc"]].isdigit():
+                    self.owners[(h.pid, h.token)] = {k: str(env[v]) if k != "inc" else int(env[v])
+                                                     for k, v in WORKER_ENV.items()}
             return {"ok": True, "pid": h.pid, "token": h.token}
         handles = [self._handle_of(d) for d in msg.get("handles", [msg.get("handle")]) if d]
         if op == ALIVE:
@@ -114,6 +188,7 @@ class Pilot:
         with self.lock:
             for h in handles:
                 self.handles.pop((h.pid, h.token), None)
+                self.owners.pop((h.pid, h.token), None)
 
     # ---- the end ------------------------------------------------------------------------------
     def on_signal(self, signum: int, _frame) -> None:
@@ -159,6 +234,7 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         grace = float(os.environ.get(ENV_GRACE, "0"))
+        orphan = float(os.environ.get(ENV_ORPHAN, "0"))
         wire = connect(hub, sha256)
     except WrongCertificate as e:
         log(f"refusing to talk to {hub}: {e}")
@@ -166,10 +242,10 @@ def main() -> int:
     except (OSError, ValueError) as e:
         log(f"cannot reach the harvester at {hub}: {e}")
         return 1
-    pilot = Pilot(wire, node, job, grace)
+    pilot = Pilot(wire, node, job, grace, hub=hub, sha256=sha256, token=token, orphan_s=orphan)
     for sig in SIGNALS:
         signal.signal(sig, pilot.on_signal)
-    sent = wire.send({"op": HELLO, "token": token, "job": job, "node": node, "pid": os.getpid()})
+    sent = wire.send(pilot.hello())
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)     # a signal that came meanwhile: now
     if not sent:
         log("the harvester closed the connection")

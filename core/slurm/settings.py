@@ -50,6 +50,8 @@ class SlurmSettings:
     command_timeout_s: float = 5.0   # a Slurm command slower than this counts as slurmctld away
     hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
     slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (GRES gpu), 1 without
+    orphan_timeout_s: float = 600.0  # a pilot that lost the harvester keeps its node and redials this long
+    state_file: str = ""             # where the hub's port, token and certificate are kept ('' : nowhere)
 
     def __post_init__(self) -> None:
         for f in ("partition", "pilot_name"):
@@ -72,6 +74,7 @@ class SlurmSettings:
         _number(self, "release_grace_s", 0, 7 * 24 * 3600)
         _number(self, "worker_grace_s", 0, 600)
         _number(self, "command_timeout_s", 0.5, 600)
+        _number(self, "orphan_timeout_s", 0, 7 * 24 * 3600)
         if not isinstance(self.watch, tuple) or not all(isinstance(w, str) and WATCH_ITEM.match(w)
                                                         for w in self.watch):
             raise SettingError("watch", "give partition names, node names or hostlists (node[1-8]), "

@@ -17,6 +17,12 @@ surplus pending pilots are cancelled at once, held ones no job uses after `relea
 it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
 submits nothing until slurmctld answers again.
 
+Restarts: the hub's port, token and certificate are kept beside the store (core/slurm/identity.py).
+A pilot that loses the hub keeps its node and redials for `orphan_timeout_s`; a harvester that
+finds that file adopts the running pilots squeue shows (their nodes count as held at once, and
+a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
+A clean stop cancels every pilot and removes the file.
+
 GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
 them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
 its environment, which its workers inherit).
@@ -25,16 +31,18 @@ from __future__ import annotations
 
 import getpass
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Collection, Optional
 
 from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from .hub import PilotHub, PilotLink
-from .wire import ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN
+from . import identity
+from .identity import HubIdentity
+from .wire import ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN
 from .cli import BadJobId, SlurmCli, SlurmJob, SlurmNode, SlurmUnavailable
 from .settings import SettingError, SlurmSettings
 
@@ -55,6 +63,7 @@ class _Pilot:
     submitted: float            # time.monotonic() when sbatch returned (or when it said hello)
     running: bool = False       # it said hello
     releasing: bool = False     # cancelled as surplus: its node goes when it says goodbye
+    adopted: bool = False       # left running by an earlier run: its node is held until it redials
 
 
 class SlurmSource(LiveNodeSource):
@@ -82,12 +91,17 @@ class SlurmSource(LiveNodeSource):
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._wake: Optional[Callable[[], None]] = None
-        self._token = secrets.token_urlsafe(32)
+        self._token = ""
+        self._adopted: list[str] = []                 # nodes of pilots an earlier run left running
         self.hub: Optional[PilotHub] = None
         if not settings.dry_run:
-            self.hub = PilotHub(self._token, self._on_hello, self._on_leave, settings.hub_host,
-                                settings.hub_port, max_connections=settings.hub_connection_cap)
-            self._cancel_leftovers()
+            ident, restarted = self._identity()
+            self._token = ident.token
+            self.hub = self._listen(ident)
+            if restarted:
+                self._adopt_leftovers()
+            else:
+                self._cancel_leftovers()
 
     # ---- LiveNodeSource ----------------------------------------------------------------------
     def address_of(self, node: str) -> Optional[str]:
@@ -111,7 +125,11 @@ class SlurmSource(LiveNodeSource):
         return max(1, n.gpus if n is not None else 0)
 
     def initial_idle(self) -> list[str]:
-        return []                     # a node is offered once a pilot holds it, never before
+        """A node is offered once a pilot holds it, never before; after a restart, the nodes
+        whose pilots the earlier run left running (they redial, or are given back after
+        `pending_timeout_s`)."""
+        with self._lock:
+            return [n for n in self._adopted if n in self._held]
 
     def start(self, wake: Optional[Callable[[], None]] = None) -> None:
         self._wake = wake
@@ -169,7 +187,11 @@ class SlurmSource(LiveNodeSource):
         try:
             self.cli.cancel(jobs)
         except (SlurmUnavailable, BadJobId) as e:
-            log.warning("could not cancel pilots %s (%s); they end when their connection does", jobs, e)
+            log.warning("could not cancel pilots %s (%s); a restarted harvester adopts them, or they end "
+                        "after the orphan timeout", jobs, e)
+        else:
+            if self.settings.state_file:       # nothing left to redial: the next start is a new hub
+                Path(self.settings.state_file).unlink(missing_ok=True)
         if self.hub is not None:
             self.hub.close()
 
@@ -179,11 +201,15 @@ class SlurmSource(LiveNodeSource):
             p = self._pilots.get(link.job)
             if p is None:                      # its hello came before sbatch returned its id
                 p = self._pilots[link.job] = _Pilot(link.job, link.node, time.monotonic())
-            p.node, p.running = link.node, True
-            stray = link.node not in self._watched or link.node in self._held or link.job in self._cancelled
+            adopted = p.adopted and p.node == link.node and self._held.get(link.node) == link.job
+            p.node, p.running, p.adopted = link.node, True, False
+            stray = not adopted and (link.node not in self._watched or link.node in self._held
+                                     or link.job in self._cancelled)
             if stray:
                 self._pilots.pop(link.job, None)
-            if not stray:
+            elif adopted:
+                log.info("pilot %s on %s redialed with %d worker(s)", link.job, link.node, len(link.workers))
+            else:
                 self._held[link.node] = link.job
                 self._events.append(Event(time.time(), EventKind.NODE_JOIN, node=link.node,
                                           detail=f"pilot {link.job} holds it"))
@@ -263,6 +289,8 @@ class SlurmSource(LiveNodeSource):
                     if taken or now - p.submitted > self.settings.pending_timeout_s:
                         cancel.append(jid)
                         del self._pilots[jid]
+                        if p.adopted:
+                            left |= self._release(p.node, jid, f"pilot {jid} of the earlier run did not redial")
             self._cancelled &= {jid for jid, j in jobs.items() if not j.ended}
         if left:
             self._poke()
@@ -293,7 +321,7 @@ class SlurmSource(LiveNodeSource):
             if surplus <= 0:
                 self._surplus_since = None
                 return
-            pending = [p for p in reversed(active) if not p.running][:surplus]
+            pending = [p for p in reversed(active) if not p.running and not p.adopted][:surplus]
             for p in pending:
                 del self._pilots[p.job]
                 self._cancelled.add(p.job)
@@ -375,7 +403,59 @@ class SlurmSource(LiveNodeSource):
         assert self.hub is not None
         port = self.hub.address[1]
         return {ENV_HUB: f"{self.settings.dial_host}:{port}", ENV_HUB_SHA256: self.hub.fingerprint,
-                ENV_TOKEN: self._token, ENV_GRACE: str(self.settings.worker_grace_s)}
+                ENV_TOKEN: self._token, ENV_GRACE: str(self.settings.worker_grace_s),
+                ENV_ORPHAN: str(self.settings.orphan_timeout_s)}
+
+    def _identity(self) -> tuple[HubIdentity, bool]:
+        """The hub's port, token and certificate: those kept beside the store if an earlier run
+        left them (True: pilots of that run may be alive and redial), else new ones."""
+        path = Path(self.settings.state_file) if self.settings.state_file else None
+        ident = identity.load(path) if path is not None else None
+        return (ident, True) if ident is not None else (HubIdentity.new(), False)
+
+    def _listen(self, ident: HubIdentity) -> PilotHub:
+        """The hub, on the kept port unless the settings name one (then the earlier run's
+        pilots cannot redial and are given back after `pending_timeout_s`)."""
+        s = self.settings
+        port = s.hub_port or ident.port
+
+        def hub(port: int) -> PilotHub:
+            return PilotHub(ident.token, self._on_hello, self._on_leave, s.hub_host, port,
+                            max_connections=s.hub_connection_cap, identity=(ident.cert_pem, ident.key_pem))
+        try:
+            h = hub(port)
+        except OSError as e:
+            if s.hub_port or not port:
+                raise
+            log.warning("cannot listen on port %d again (%s): pilots of the earlier run cannot redial", port, e)
+            h = hub(0)
+        if s.state_file:
+            identity.save(Path(s.state_file), ident.with_port(h.address[1]))
+        return h
+
+    def _adopt_leftovers(self) -> None:
+        """After a restart: the running pilots of the earlier run (same name, same user, on a
+        watched node) keep their nodes and are waited for, for `pending_timeout_s`; pending
+        ones are cancelled (they hold nothing yet, and their node may be taken)."""
+        try:
+            jobs = [j for j in self.cli.jobs(self.settings.pilot_name, self.user) if not j.ended]
+        except SlurmUnavailable:
+            return
+        now, cancel = time.monotonic(), []
+        with self._lock:
+            for j in jobs:
+                if j.state == "RUNNING" and j.nodes in self._watched and j.nodes not in self._held:
+                    self._pilots[j.id] = _Pilot(j.id, j.nodes, now, adopted=True)
+                    self._held[j.nodes] = j.id
+                    self._adopted.append(j.nodes)
+                else:
+                    cancel.append(j.id)
+        if self._adopted:
+            log.info("adopting %d pilot(s) of the earlier run; they redial: %s", len(self._adopted),
+                     ", ".join(self._pilots[self._held[n]].job for n in self._adopted))
+        if cancel:
+            log.info("cancelling %d pilot(s) of the earlier run that hold no node: %s", len(cancel), ", ".join(cancel))
+            self._cancel_quietly(cancel)
 
     def _cancel_leftovers(self) -> None:
         try:

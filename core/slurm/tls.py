@@ -1,8 +1,9 @@
-"""The hub's TLS identity: a self-signed certificate and key made at start, for this run only.
-Pilots pin it by its SHA-256 fingerprint (given in their environment), so no CA is involved and
-nothing has to be installed on the nodes. The key never rests on disk in clear: `ssl` loads keys
-from files only, so it passes through a private temporary file, encrypted with a one-time
-password, which is removed at once."""
+"""The hub's TLS identity: a self-signed certificate and its key. Pilots pin it by its SHA-256
+fingerprint (given in their environment), so no CA is involved and nothing has to be installed
+on the nodes. The identity is kept with the store (`core/slurm/identity.py`, a file only this
+user reads) so that a restarted harvester is the same hub its pilots dial. `ssl` loads keys from
+files only: the key passes through a private temporary file, encrypted with a one-time password,
+removed at once."""
 from __future__ import annotations
 
 import datetime
@@ -22,8 +23,8 @@ COMMON_NAME = "harvest-pilot-hub"
 VALID_DAYS = 3650            # the pin is what counts; the pilots check no dates
 
 
-def server_context() -> tuple[ssl.SSLContext, str]:
-    """A TLS server context with a fresh certificate, and that certificate's fingerprint."""
+def new_identity() -> tuple[str, str]:
+    """A fresh certificate and key, as PEM text (the key unencrypted: keep it private)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, COMMON_NAME)])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -32,6 +33,20 @@ def server_context() -> tuple[ssl.SSLContext, str]:
             .not_valid_before(now - datetime.timedelta(hours=1))
             .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
             .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM).decode(),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()).decode())
+
+
+def server_context(identity: tuple[str, str] | None = None) -> tuple[ssl.SSLContext, str]:
+    """A TLS server context for `identity` (cert PEM, key PEM; a fresh one if None), and the
+    certificate's fingerprint. ValueError if the PEM text is not a certificate and its key."""
+    cert_pem, key_pem = identity or new_identity()
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        key = serialization.load_pem_private_key(key_pem.encode(), None)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"not a certificate and its key: {e}") from None
     password = secrets.token_bytes(32)
     pem = cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -43,7 +58,10 @@ def server_context() -> tuple[ssl.SSLContext, str]:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(pem)
-        ctx.load_cert_chain(path, password=password)
+        try:
+            ctx.load_cert_chain(path, password=password)
+        except ssl.SSLError as e:
+            raise ValueError(f"the key does not match the certificate: {e}") from None
     finally:
         os.unlink(path)
     return ctx, fingerprint(cert.public_bytes(serialization.Encoding.DER))

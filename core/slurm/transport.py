@@ -42,6 +42,16 @@ class PilotTransport(Transport):
             raise TransportError(node.name, message)
         return Handle(node, int(reply["pid"]), f"{link.job}/{reply['token']}", log_path, time.time())
 
+    def adoptable(self, node: NodeSpec, job: str, key: str, inc: int) -> Optional[Handle]:
+        """A worker its pilot listed when it redialed this (restarted) harvester."""
+        link = self.hub.link(node.name)
+        if link is None:
+            return None
+        for w in link.workers:
+            if (w["job"], w["key"], w["inc"]) == (job, key, inc):
+                return Handle(node, w["pid"], f"{link.job}/{w['token']}", w["log"], link.since)
+        return None
+
     def taken_back(self, node: str, handle: Optional[Handle] = None) -> bool:
         if handle is not None:
             link = self._link(handle)

@@ -2,10 +2,11 @@
 per line, inside TLS, over one TCP connection that the pilot opens to the harvester's hub and
 keeps for its whole life (so either end sees the other vanish at once, as EOF).
 
-Pilot -> hub:  hello {token, job, node, pid} first; then leaving {reason, at} (SIGTERM: the batch
+Pilot -> hub:  hello {token, job, node, pid, workers} first (workers: those still running when a
+               pilot redials a restarted harvester: pid, token, log, job, key, inc); then leaving {reason, at} (SIGTERM: the batch
                scheduler wants the node back), exited {pid, status} (a worker ended), and
                replies {re: id, ...}.
-Hub -> pilot:  requests {op, id, ...}: start {argv, env, workdir, log}, alive {handles},
+Hub -> pilot:  welcome {} (the hello was accepted), then requests {op, id, ...}: start {argv, env, workdir, log}, alive {handles},
                stop {handles, grace}, kill {handle}, tail {handle, lines}.
 
 The pilot is started by Slurm with the hub's address, the SHA-256 fingerprint of the hub's
@@ -34,11 +35,12 @@ ENV_HUB = "HARVEST_PILOT_HUB"           # host:port of the harvester's hub
 ENV_HUB_SHA256 = "HARVEST_PILOT_HUB_SHA256"  # the fingerprint of the hub's TLS certificate
 ENV_TOKEN = "HARVEST_PILOT_TOKEN"       # proves a pilot was started by this harvester
 ENV_GRACE = "HARVEST_PILOT_GRACE"       # seconds a worker gets between SIGTERM and SIGKILL
+ENV_ORPHAN = "HARVEST_PILOT_ORPHAN_S"   # seconds a pilot that lost the hub keeps its node, redialing
 MAX_LINE = 1 << 20                      # one message; an argv + env fits many times over
 SEND_TIMEOUT_S = 5.0                    # a peer that takes no bytes for this long is gone
 CHUNK = 1 << 16
 
-HELLO, LEAVING, EXITED = "hello", "leaving", "exited"
+HELLO, LEAVING, EXITED, WELCOME = "hello", "leaving", "exited", "welcome"
 START, ALIVE, STOP, KILL, TAIL = "start", "alive", "stop", "kill", "tail"
 
 

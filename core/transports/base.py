@@ -204,6 +204,11 @@ class Transport(ABC):
         crash of the training job."""
         return False
 
+    def adoptable(self, node: NodeSpec, job: str, key: str, inc: int) -> Optional[Handle]:
+        """The process of worker (`key`, incarnation `inc`) of `job` on `node` that outlived
+        an earlier harvester run, to be adopted; None where workers die with the harvester."""
+        return None
+
     @abstractmethod
     def kill(self, handle: Handle) -> None:
         """SIGKILL the worker's process group now (a crash, or a node that must be vacated
