@@ -171,7 +171,8 @@ class SlurmSource(LiveNodeSource):
             text = f"Slurm: {n.label if n else 'unknown'}"
             p = pilot_on.get(name)
             if p is not None:
-                text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else " pending")
+                text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else
+                                              " of the earlier run, redialing" if p.adopted else " pending")
             elif name in would:
                 text += ", would harvest (dry run)"
             out[name] = text
