@@ -16,6 +16,15 @@ TOTAL = GB * 100_000
 ARGS = ("--log-every", "1000000", "--step-seconds", "0.02")
 
 
+def _training(c: WorkerProcs, steps: int) -> None:
+    """Workers on A and B, one generation on both, `steps` committed."""
+    for n in "AB":
+        c.start(n)
+    wait(lambda: {"A", "B"} <= c.coord.ready(), 60, "A and B ready", c.diag)
+    c.coord.regroup(["A", "B"])
+    wait(lambda: c.step() >= steps, 30, f"{steps} steps on 2 nodes", c.diag)
+
+
 def _die(coord: JobCoordinator) -> None:
     """The harvester's death as the workers see it: the store goes, nothing is said."""
     coord._release()
@@ -23,14 +32,9 @@ def _die(coord: JobCoordinator) -> None:
 
 def test_workers_train_through_a_restart_and_rejoin_the_new_coordinator(tmp_path: Path) -> None:
     old = JobCoordinator("digits", GB, TOTAL, orphan_s=60)
-    c = WorkerProcs(tmp_path, old, ARGS)
-    new = None
+    c, new = WorkerProcs(tmp_path, old, ARGS), None
     try:
-        for n in "AB":
-            c.start(n)
-        wait(lambda: {"A", "B"} <= old.ready(), 60, "A and B ready", c.diag)
-        old.regroup(["A", "B"])
-        wait(lambda: c.step() >= 20, 30, "20 steps on 2 nodes", c.diag)
+        _training(c, 20)
         pids = {n: p.pid for n, p in c.procs.items()}
         at_kill = c.step()
         _die(old)
@@ -67,11 +71,7 @@ def test_workers_leave_when_no_coordinator_comes_back_within_the_timeout(tmp_pat
     coord = JobCoordinator("digits", GB, TOTAL, orphan_s=3)
     c = WorkerProcs(tmp_path, coord, ARGS)
     try:
-        for n in "AB":
-            c.start(n)
-        wait(lambda: {"A", "B"} <= coord.ready(), 60, "A and B ready", c.diag)
-        coord.regroup(["A", "B"])
-        wait(lambda: c.step() >= 10, 30, "10 steps", c.diag)
+        _training(c, 10)
         _die(coord)
         t0 = time.monotonic()
         codes = {n: p.wait(30) for n, p in c.procs.items()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -29,10 +28,9 @@ from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import parent, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
-GLOBAL_BATCH = 64
 NODES = [f"node{i}" for i in range(1, 9)]
 
 
@@ -74,13 +72,7 @@ def _acceptance(app, cluster):
     assert all("Slurm: " in n["source"] for n in c["nodes"]), c["nodes"][0]
 
     # pilots come for a job that can use the nodes, not before
-    status, job = app.request("POST", "/api/jobs", {
-        "name": "digits on slurm", "min_nodes": 1, "max_nodes": 8, "total_samples": GLOBAL_BATCH * 10**6,
-        "curve": "1:100, 8:800", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
-        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
-        token=app.token("alice"))
-    assert status == 201, job
-    jid = job["id"]
+    jid = submit_digits(app, "digits on slurm", 8)
     wait(lambda: clu()["kpis"]["idle"] == 8, 60, "pilots on all 8 nodes", clu)
     pilots = {j["nodes"]: j["job_id"] for j in cluster.jobs().values()
               if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}

@@ -12,14 +12,12 @@ Slurm set-up measured in tests/support/slurm.py, and adds no routing between slu
 namespaced slurmd (a second Slurm configuration to keep working, for Slurm's own traffic)."""
 from __future__ import annotations
 
-import sys
 import time
 
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import parent, processes_with_env, slurm_netns_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import parent, processes_with_env, slurm_netns_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
-GLOBAL_BATCH = 64
 NODES = ["node1", "node2", "node3"]
 TAKEN = ["node2", "node3"]          # the main job's nodes
 
@@ -66,14 +64,7 @@ def _harvest_preempt_vacate(app, slurm, hosts):
     head, addr = hosts.head, hosts.nodes
     clu = lambda: app.get("/api/cluster")[1]
     # pilots come for a job that can use the nodes
-    status, job = app.request("POST", "/api/jobs", {
-        "name": "digits on namespaced slurm", "min_nodes": 1, "max_nodes": 3,
-        "total_samples": GLOBAL_BATCH * 10**6, "curve": "1:100, 3:300", "scale_up_seconds": 0,
-        "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
-        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
-        token=app.token("alice"))
-    assert status == 201, job
-    jid = job["id"]
+    jid = submit_digits(app, "digits on namespaced slurm", 3)
     wait(lambda: clu()["kpis"]["idle"] == 3, 60, "pilots on all 3 nodes", clu)
     pilots = {j["nodes"]: j["job_id"] for j in slurm.jobs().values()
               if j["name"] == "harvest-pilot" and j["job_state"] == "RUNNING"}

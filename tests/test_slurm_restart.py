@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import sys
 import time
 
 import pytest
 
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import DIGITS_BATCH, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
-GLOBAL_BATCH = 64
 NODES = [f"node{i}" for i in range(1, 9)]
 ORPHAN_S = 20
 
@@ -42,14 +40,7 @@ def test_a_killed_harvester_is_restarted_with_its_pilots_and_the_job_trains_on(c
     app = start_app(tmp_path / "app", *args)
     again = None
     try:
-        status, job = app.request("POST", "/api/jobs", {
-            "name": "digits through a restart", "min_nodes": 1, "max_nodes": 8,
-            "total_samples": GLOBAL_BATCH * 10**6, "curve": "1:100, 8:800", "scale_up_seconds": 0,
-            "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
-            "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
-            token=app.token("alice"))
-        assert status == 201, job
-        jid = job["id"]
+        jid = submit_digits(app, "digits through a restart", 8)
         workers = lambda a: a.get(f"/api/jobs/{jid}")[1].get("workers") or {}
         on8 = lambda a: (lambda w: w if w.get("world_size") == 8 and not w.get("regrouping") else None)(workers(a))
         wait(lambda: on8(app), 180, "the job training on 8 nodes", lambda: workers(app))
@@ -87,7 +78,7 @@ def test_a_killed_harvester_is_restarted_with_its_pilots_and_the_job_trains_on(c
         first = wait(lambda: (lambda s: s if s > at_kill + 20 else None)(workers(again)["committed_step"]), 30,
                      "training on", lambda: workers(again))
         assert first > at_kill
-        assert min(seen) >= gen_start * GLOBAL_BATCH, (min(seen), at_kill, gen_start)   # at the kill, less its generation's steps
+        assert min(seen) >= gen_start * DIGITS_BATCH, (min(seen), at_kill, gen_start)   # at the kill, less its generation's steps
         assert _pilots(cluster) == pilots, "no pilot cancelled or submitted anew: the same Slurm job ids"
         assert set(processes_with_env(f"HARVEST_JOB={jid}")) == pids, "the same worker processes"
         assert workers(again)["lost_samples"] == 0

@@ -353,3 +353,19 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+DIGITS_BATCH = 64
+
+
+def submit_digits(app, name: str, max_nodes: int) -> str:
+    """Register the digits example (0.05 s steps, a curve linear up to `max_nodes`, free
+    rescaling, a global batch of DIGITS_BATCH) as alice on `app`; its job id."""
+    status, job = app.request("POST", "/api/jobs", {
+        "name": name, "min_nodes": 1, "max_nodes": max_nodes, "total_samples": DIGITS_BATCH * 10**6,
+        "curve": f"1:100, {max_nodes}:{100 * max_nodes}", "scale_up_seconds": 0, "scale_down_seconds": 0,
+        "global_batch": DIGITS_BATCH,
+        "command": [sys.executable, "examples/digits_cnn.py", "--step-seconds", "0.05", "--log-every", "1000000"]},
+        token=app.token("alice"))
+    assert status == 201, job
+    return job["id"]
