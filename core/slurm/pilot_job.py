@@ -128,17 +128,20 @@ class Pilot:
                 log(f"refusing to talk to {self.hub}: {e}")
                 return False
             except OSError:
-                self.leaving.wait(min(delay * (0.75 + random.random() / 2), max(0.0, left)))
-                delay = min(REDIAL_MAX_S, delay * 2)
-                continue
-            self.wire = wire
-            if not wire.send(self.hello()):
-                continue
-            if self.leaving.is_set():             # SIGTERM came while redialing
-                wire.send({"op": LEAVING, "reason": "SIGTERM", "at": time.time()})
-            log(f"redialed the harvester at {self.hub}")
-            return True
-        return False
+                wire = None
+            if wire is not None and wire.send(self.hello()):
+                break
+            if wire is not None:
+                wire.close()
+            self.leaving.wait(min(delay * (0.75 + random.random() / 2), max(0.0, left)))
+            delay = min(REDIAL_MAX_S, delay * 2)
+        else:
+            return False
+        self.wire = wire
+        if self.leaving.is_set():                 # SIGTERM came while redialing
+            wire.send({"op": LEAVING, "reason": "SIGTERM", "at": time.time()})
+        log(f"redialed the harvester at {self.hub}")
+        return True
 
     def _reply(self, op: Optional[str], rid, msg: dict) -> None:
         try:
