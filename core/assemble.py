@@ -18,6 +18,7 @@ from .inventory import load_inventory, local_nodes
 from .service import Harvester, LiveHarvester, ReplayHarvester
 from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
+from .slurm.identity import beside as identity_beside
 from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
 from .storelock import StoreLock
@@ -41,7 +42,7 @@ def _build(settings: HarvesterSettings) -> Harvester:
     if live.source == "slurm":
         lock.acquire()      # before the source, which adopts or cancels the pilots it finds as its own
         if settings.fresh:  # nothing of the earlier run is kept: its pilots are cancelled, not adopted
-            Path(str(settings.db) + ".hub").unlink(missing_ok=True)
+            identity_beside(settings.db).unlink(missing_ok=True)
     try:
         source, nodes, hub = node_source(live, settings.db)
     except BaseException:
@@ -75,7 +76,7 @@ def node_source(live: LiveSettings, db: Optional[Path] = None) -> tuple[LiveNode
         try:
             slurm = hub_settings(live)
             if db is not None and not slurm.state_file:
-                slurm = replace(slurm, state_file=str(db) + ".hub")
+                slurm = replace(slurm, state_file=str(identity_beside(db)))
             source = SlurmSource(slurm)
         except SlurmUnavailable as e:
             raise SettingsError("", f"cannot read Slurm: {e}") from None

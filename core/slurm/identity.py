@@ -36,6 +36,11 @@ class HubIdentity:
         return HubIdentity(self.token, self.cert_pem, self.key_pem, int(port))
 
 
+def beside(db: Path) -> Path:
+    """Where the identity of the harvester on store `db` is kept."""
+    return Path(str(db) + ".hub")
+
+
 def load(path: Path) -> Optional[HubIdentity]:
     """The identity kept at `path`, None if there is none; IdentityError if it is damaged."""
     try:
