@@ -4,7 +4,8 @@
 
 For each size (jobs x idle nodes) it draws `--repeats` seeded instances: curves, bounds and
 rescale costs from data/jobs-imagenet-1001.csv, Summit-style node names (a01n01, 18 nodes a
-rack) sampled across the machine, and random current allocations (disjoint, some jobs at 0).
+rack) sampled across the machine, random current allocations (disjoint, some jobs at 0) and
+when each node became idle (cohorts of 1-64 nodes, which placement groups by, as in a run).
 It times the allocate() call (build + solve + mapping) for
 
 - the default exact policy (milp with the `dp` solver): p50 and p95;
@@ -79,7 +80,16 @@ def make_instance(rows: list[dict], jobs: int, nodes: int, seed: int) -> Problem
                 held_target -= want
         reqs.append(JobRequest(f"J{j:03d}", r["min_nodes"], r["max_nodes"], r["curve"],
                                r["up"], r["down"], tuple(cur)))
-    return Problem(idle, reqs, rng.choice(TFWD_CHOICES))
+    # when each node became idle, as the controller passes it: placement groups by these cohorts
+    # (runs of 1-64 nodes freed together, as batch jobs end)
+    since: dict[str, float] = {}
+    order = idle[:]
+    rng.shuffle(order)
+    while len(since) < len(order):
+        t = rng.uniform(0.0, 86_400.0)
+        for x in order[len(since):len(since) + rng.randint(1, 64)]:
+            since[x] = t
+    return Problem(idle, reqs, rng.choice(TFWD_CHOICES), since=since)
 
 
 def same(a: float, b: float) -> bool:

@@ -274,15 +274,16 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         return len(self.idle), len(self.owner), len(self.running), self.n_queued
 
     def _learn_horizon(self, now: float) -> Optional[dict[str, float]]:
-        """`tfwd auto`: this step's horizon from the fragments seen so far, and every idle node's
-        expected remaining idle time (for placement); None with a fixed T_fwd."""
+        """`tfwd auto`: this step's horizon from the allocation stands seen so far, and every idle
+        node's expected remaining idle time from the fragments (for placement); None with a fixed
+        T_fwd or before a fragment has ended."""
         learner = self.horizon_learner
         if learner is None or not self.idle:
             return None
         names = list(self.idle)
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        self.horizon = learner.decide(ages, [self.owner.get(n) for n in names], list(self.running))
-        if not self.horizon.learned:
+        self.horizon = learner.decide(ages, list(self.running), now)
+        if not learner.survival.count:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
 
@@ -335,7 +336,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             self.advice.ran(jid, len(after), now)
             self.counters.preemptions += len(nodes)
             if after:
-                self.rescaling_until[jid] = now + job.scale_down_seconds
+                self.rescaling_until[jid] = max(self.rescaling_until.get(jid, now), now + job.scale_down_seconds)
             self._record_change(job, before, after, now, "preempted")
 
     def _release(self, job: Job) -> list[str]:
@@ -473,12 +474,14 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
         if self.horizon.jobs:
             reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
+        reqs = [replace(r, paused_s=self.rescaling_until[r.id] - now) if self.rescaling_until.get(r.id, now) > now
+                else r for r in reqs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         lane = [i for i, (j, r) in enumerate(zip(jobs, reqs)) if not r.bonus and self.in_lane(j)]
         for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can
             reqs[i] = replace(reqs[i], bonus=PROBE_BONUS)
         h = self.horizon
-        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect)
+        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, self.idle)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced or lane:          # the objective reported is the throughput one, without the bonuses
             plan.objective -= PROBE_BONUS * (sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
@@ -514,8 +517,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self._batch.node(n, True, now, job.id, self.idle[n])
             if before and after:
                 self.counters.rescales += 1
-                self.rescaling_until[job.id] = now + (
-                    job.scale_up_seconds if len(after) > len(before) else job.scale_down_seconds)
+                self.rescaling_until[job.id] = max(self.rescaling_until.get(job.id, now), now + (
+                    job.scale_up_seconds if len(after) > len(before) else job.scale_down_seconds))
             result.changes[job.id] = (len(before), len(after))
             self._record_change(job, before, after, now,
                                 "start" if not before else "stop" if not after else
@@ -524,6 +527,11 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def _record_change(self, job: Job, before: Sequence[str], after: Sequence[str], now: float,
                        reason: str) -> None:
         running = bool(after) and job.state is JobState.RUNNING
+        if self.horizon_learner is not None:
+            if running:
+                self.horizon_learner.changed(job.id, now)
+            else:
+                self.horizon_learner.left(job.id)
         self._batch.change(now, job, before, after, reason, self.dispatcher.rate(job),
                            self.dispatcher.progress(job, now) if running else None, self.dispatcher.name)
 

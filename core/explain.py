@@ -18,7 +18,7 @@ def _when(t: Optional[float]) -> str:
 
 def horizon_of(config: dict, job_id: str) -> tuple[float, bool]:
     """The seconds the allocator amortised this job's rescale over, and whether they were learned
-    (`tfwd auto`: the job's own horizon from the snapshot's config) or the fixed T_fwd."""
+    (`tfwd auto`: the horizon of the snapshot's last decision) or the fixed T_fwd."""
     h = config.get("horizon") or {}
     tfwd = config.get("tfwd", 10.0)
     if h.get("learned"):
@@ -31,7 +31,7 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
         profile: Optional[dict] = None, learned: bool = False) -> str:
     """`profile`: what the profiler learned (its cap and rescale costs are what the allocator
     used), or None when the job's own curve and costs are taken as given. `learned`: `tfwd` is
-    the job's horizon learned from the idle fragments (how long its nodes are expected to stay)."""
+    the horizon learned from how long allocations stood before they changed (their median)."""
     state = job.state
     up = profile["scale_up_seconds"] if profile else job.scale_up_seconds
     cap = min(job.max_nodes, profile["cap"]) if profile else job.max_nodes
@@ -71,9 +71,9 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
                         f"({_rate(job, best_m):,.0f} against {s_now:,.0f} samples/s now)")
             lost = up * s_now
             if learned:
-                return (f"holds {nodes} nodes: growing to {best_m} pays off if the nodes stay idle "
+                return (f"holds {nodes} nodes: growing to {best_m} pays off if the new allocation stands "
                         f"{lost / extra:,.0f} s (+{extra:,.0f} samples/s against {lost:,.0f} samples lost in "
-                        f"its {up:.3g} s rescale pause); they are expected to stay {tfwd:,.0f} s")
+                        f"its {up:.3g} s rescale pause); allocations have stood {tfwd:,.0f} s (median)")
             return (f"holds {nodes} nodes: growing to {best_m} adds {extra:,.0f} samples/s, "
                     f"{tfwd * extra:,.0f} samples over T_fwd = {tfwd:g} s, less than the "
                     f"{lost:,.0f} samples lost in its {up:.3g} s rescale pause")

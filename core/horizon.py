@@ -1,21 +1,28 @@
-"""The allocation horizon learned from the idle fragments the node source has shown so far.
+"""The allocation horizon learned online, and what an idle node is expected to do.
 
 BFTrainer's objective looks T_fwd seconds ahead: a rescale must pay for itself within T_fwd. The
-right span is how long a job keeps the allocation it pays for, which ends when one of its nodes
-is reclaimed; so it differs per job (HorizonLearner.decide: T_j from the nodes it holds), and
-the trace says how long nodes stay idle:
-every idle fragment that ended is one observation of a node's idle time, every node idle now is
-one that has lasted at least its age so far (right-censored). A Kaplan-Meier estimate over both
-gives the survival S(t) of an idle fragment, and from it, for a node idle for `a` seconds,
+right span is how long the allocation a job pays for will stand before it changes again, for
+whatever reason: a reclaim of one of its nodes, a join that makes another size better, another
+job starting or ending. So the learner watches exactly that: every time a running job's
+allocation changes, the allocation it had stood for one observation; the allocations standing
+now have lasted at least their age so far (right-censored). The horizon of a decision is the
+Kaplan-Meier median of those stands, one for every job (a rescale is a bet that the new
+allocation stands long enough; the median is the span over which it wins more often than not,
+and on heavy-tailed stands the mean is ruled by a few quiet nights). Per-job horizons from the
+nodes each job holds were measured too and lost to it (README, "Policies against the
+rescale-free bound"): their spread made jobs thrash.
+
+The idle fragments give what placement needs: every fragment that ended is one observation of a
+node's idle time, every node idle now one still going. From their survival S(t), for a node idle
+for `a` seconds,
 
     expected remaining idle time  m(a) = ∫_a^∞ S(t) dt / S(a)
     chance it is reclaimed within T     1 - S(a + T) / S(a)
 
-Nothing is fitted to a machine: S is whatever the fragments seen so far say (heavy-tailed on
-Summit, where long-idle nodes tend to stay idle), on a fixed log-spaced grid of ages (a
-resolution, not a tuning: 16 bins per decade from 1 s to ~4 months). Only the past is used, so a
-replay and a live run learn the same way; until the first fragment has ended the horizon is the
-fallback (BFTrainer's 10 s).
+Nothing is fitted to a machine: both survivals are whatever was seen so far (heavy-tailed on
+Summit), on a fixed log-spaced grid of durations (a resolution, not a tuning: 16 bins per decade
+from 1 s to ~4 months). Only the past is used, so a replay and a live run learn the same way;
+until MIN_STANDS allocations have changed the horizon is the fallback (BFTrainer's 10 s).
 
 Pure: plain numbers in, plain records out; no clock, no I/O. The controller feeds it.
 """
@@ -30,37 +37,41 @@ import numpy as np
 PER_DECADE = 16
 EDGES = np.concatenate(([0.0], np.logspace(0.0, 7.0, 7 * PER_DECADE + 1)))   # 0, 1 s .. 1e7 s
 FALLBACK_S = 10.0
+MIN_STANDS = 5     # stands that ended before their median counts (a median of fewer says little)
 
 
 @dataclass(frozen=True)
 class Horizon:
     """What one allocation decision looks ahead with, and what it was learned from."""
 
-    tfwd: float                  # seconds: the median job's horizon T_j (the fallback until learned)
+    tfwd: float                  # seconds a rescale is amortised over (the fallback until learned)
     fragments: int               # idle fragments that had ended when it was learned
     nodes: int                   # idle nodes (censored fragments) it was learned with
     median_s: float              # median idle fragment length, Kaplan-Meier (nan: not known yet)
     node_life_s: float           # expected remaining idle time of an idle node (rate-averaged)
-    learned: bool                # False: no fragment had ended yet, tfwd is the fallback
-    jobs: Mapping[str, float] = field(default_factory=dict)   # T_j per running job (learned only)
+    learned: bool                # False: too few allocations have changed yet, tfwd is the fallback
+    jobs: Mapping[str, float] = field(default_factory=dict)   # the horizon of each running job
+    stands: int = 0              # allocations that stood and then changed
+    standing: int = 0            # allocations standing now (censored stands)
 
     def to_dict(self) -> dict:
         def r(x: float) -> Optional[float]:
             return None if math.isnan(x) else round(x, 1)
         return {"tfwd": round(self.tfwd, 3), "fragments": self.fragments, "nodes": self.nodes,
                 "median_s": r(self.median_s), "node_life_s": r(self.node_life_s), "learned": self.learned,
-                "jobs": {j: round(t, 1) for j, t in self.jobs.items()}}
+                "jobs": {j: round(t, 1) for j, t in self.jobs.items()}, "stands": self.stands,
+                "standing": self.standing}
 
 
 class FragmentSurvival:
-    """Kaplan-Meier survival of idle fragments on a fixed log grid of durations."""
+    """Kaplan-Meier survival of durations on a fixed log grid: idle fragments, allocation stands."""
 
     def __init__(self) -> None:
         self.ended = np.zeros(len(EDGES) - 1)   # fragments that ended, by the bin of their length
         self.count = 0
 
     def observe(self, duration: float) -> None:
-        """One idle fragment ended after `duration` seconds (the node was reclaimed)."""
+        """One duration ended: an idle fragment (the node was reclaimed), a stand (it changed)."""
         b = int(np.searchsorted(EDGES, max(0.0, duration), side="right")) - 1
         self.ended[min(b, len(self.ended) - 1)] += 1
         self.count += 1
@@ -131,7 +142,7 @@ class FragmentSurvival:
             return np.where(s0 > 1e-12, 1.0 - s1 / np.maximum(s0, 1e-12), 1.0)
 
     def median(self, idle_ages: np.ndarray, fitted: Optional[tuple[np.ndarray, np.ndarray]] = None) -> float:
-        """Median idle fragment length (nan until a fragment has ended)."""
+        """Median duration, with `idle_ages` those still going (nan until enough have ended)."""
         surv, _ = fitted or self.curve(idle_ages)
         below = np.flatnonzero(surv <= 0.5)
         if not self.count or not len(below):
@@ -145,24 +156,45 @@ class FragmentSurvival:
 
 
 class HorizonLearner:
-    """Learns the survival of idle fragments online and turns it into a Horizon per decision."""
+    """Learns how long allocations stand and how long idle nodes stay, online; one Horizon per
+    decision."""
 
     def __init__(self, fallback: float = FALLBACK_S) -> None:
-        self.survival = FragmentSurvival()
+        self.survival = FragmentSurvival()       # idle fragments (placement's expected idle time)
+        self.stands = FragmentSurvival()         # how long a job's allocation stood before it changed
         self.fallback = fallback
+        self._since: dict[str, float] = {}       # running job -> when its allocation last changed
         self.last = Horizon(fallback, 0, 0, math.nan, math.nan, False)
 
     def ended(self, duration: float) -> None:
         """A node's idle fragment ended (the main scheduler took it back) after `duration` s."""
         self.survival.observe(duration)
 
+    def changed(self, job: str, now: float) -> None:
+        """`job`'s allocation changed at `now` (it started, grew, shrank or lost nodes): the one
+        it had, if any, stood since its last change."""
+        began = self._since.get(job)
+        if began is not None:
+            self.stands.observe(now - began)
+        self._since[job] = now
+
+    def left(self, job: str) -> None:
+        """`job` holds nothing any more (it ended, stopped or went back to the queue)."""
+        self._since.pop(job, None)
+
     def state(self) -> dict:
-        return self.survival.state()
+        return {"fragments": self.survival.state(), "stands": self.stands.state()}
 
     def load(self, state: dict) -> None:
-        """After a restart: the fragments seen before it (core.restore; the nodes idle now come
-        back with their idle-since times, so their ages stay right)."""
-        self.survival.load(state)
+        """After a restart: the fragments and stands seen before it (core.restore; the nodes idle
+        now come back with their idle-since times, so their ages stay right; the allocations
+        standing now start their stands again). A state from before stands were learned holds
+        the fragments alone."""
+        if "per_decade" in state:
+            self.survival.load(state)
+            return
+        self.survival.load(state.get("fragments") or FragmentSurvival().state())
+        self.stands.load(state.get("stands") or FragmentSurvival().state())
 
     def expected(self, ages: Sequence[float], idle_ages: Sequence[float]) -> np.ndarray:
         """Expected remaining idle time per node of `ages` (placement ranks nodes by it)."""
@@ -170,39 +202,22 @@ class HorizonLearner:
             return np.asarray(ages, dtype=float)        # nothing ended yet: older = safer
         return self.survival.remaining(np.asarray(ages, dtype=float), np.asarray(idle_ages, dtype=float))
 
-    def decide(self, ages: Sequence[float], holders: Sequence[Optional[str]],
-               jobs: Sequence[str]) -> Horizon:
-        """The horizon of one decision from the ages of the idle nodes, who holds each (None:
-        free) and the running `jobs`.
-
-        A rescale pays off while the job keeps the allocation it bought; what ends that is the
-        next reclaim of one of its nodes (a forced pause and re-plan). With m_i the expected
-        remaining idle time of node i, node i is reclaimed at a rate of about 1/m_i, so job j,
-        holding H_j and growing onto free nodes like those free now, keeps its allocation for
-
-            T_j = 1 / ( sum_{i in H_j} 1/m_i  +  mean_{i free} 1/m_i )
-
-        seconds: that is what its rescale is amortised over (core.objective). Long-idle nodes
-        and small jobs lengthen it; a big job on freshly idle nodes shortens it. `tfwd` is the
-        median T_j (what the probes and the dashboard quote)."""
+    def decide(self, ages: Sequence[float], jobs: Sequence[str], now: float) -> Horizon:
+        """The horizon of one decision at `now`, with `ages` the idle nodes' ages and `jobs` the
+        running ones: the Kaplan-Meier median of the allocation stands seen so far, those of the
+        running jobs still going (censored); the fallback until MIN_STANDS have ended."""
         idle = np.asarray(ages, dtype=float)
-        surv = self.survival
-        if not surv.count or not len(idle):
-            self.last = Horizon(self.fallback, surv.count, len(idle), math.nan, math.nan, False)
-            return self.last
-        fitted = surv.curve(idle)
-        rem = surv.remaining(idle, idle, fitted)
-        hazard = 1.0 / np.maximum(rem, 1.0)                      # reclaims per node-second
-        held: dict[str, float] = {j: 0.0 for j in jobs}
-        free = []
-        for h, who in zip(hazard.tolist(), holders):
-            if who is None or who not in held:
-                free.append(h)
-            else:
-                held[who] += h
-        join = float(np.mean(free)) if free else float(np.mean(hazard))
-        per_job = {j: 1.0 / (h + join) for j, h in held.items()}
-        tfwd = float(np.median(list(per_job.values()))) if per_job else 1.0 / join
-        self.last = Horizon(tfwd, surv.count, len(idle), surv.median(idle, fitted),
-                            1.0 / float(np.mean(hazard)), True, per_job)
+        frag, median_s, life = self.survival, math.nan, math.nan
+        if frag.count and len(idle):
+            fitted = frag.curve(idle)
+            median_s = frag.median(idle, fitted)
+            life = 1.0 / float(np.mean(1.0 / np.maximum(frag.remaining(idle, idle, fitted), 1.0)))
+        going = np.array([now - self._since[j] for j in jobs if j in self._since], dtype=float)
+        stand = math.nan
+        if self.stands.count >= MIN_STANDS:
+            stand = self.stands.median(np.maximum(going, 0.0))
+        learned = not math.isnan(stand) and stand > 0
+        tfwd = stand if learned else self.fallback
+        self.last = Horizon(tfwd, frag.count, len(idle), median_s, life, learned,
+                            {j: tfwd for j in jobs} if learned else {}, self.stands.count, len(going))
         return self.last

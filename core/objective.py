@@ -6,9 +6,13 @@ heuristics optimise (or approximate) exactly the same thing:
     v_j(n) = w_j * ( T_fwd * S_j(n) - [n > c_j] * up_j * S_j(c_j) - [n < c_j] * down_j * S_j(c_j) )
 
 for n in {0} U [min_j, max_j], where S_j is 0 below min_j, with a fixed T_fwd (BFTrainer).
+A job already in a rescale pause (p_j seconds left of it, typically a reclaim's forced shrink
+decided at the same moment) pays only what a new regroup adds to it: up_j and down_j become
+max(0, up_j - p_j) and max(0, down_j - p_j) (JobRequest.pause).
 
-With `--tfwd auto` (core.horizon) each job has its own horizon T_j, the seconds its next
-rescale is amortised over, and the objective is the throughput net of that amortised cost:
+With `--tfwd auto` (core.horizon) each job carries a horizon T_j, the seconds its next rescale
+is amortised over (the learner gives every job the same one; the form allows one per job), and
+the objective is the throughput net of that amortised cost:
 
     v_j(n) = w_j * ( S_j(n) - ([n > c_j] * up_j + [n < c_j] * down_j) * S_j(c_j) / T_j )
 
@@ -44,6 +48,14 @@ class JobRequest:
     priority: float = 1.0
     bonus: float = 0.0            # added to every running size: forces a probe (min = max = size)
     horizon: Optional[float] = None   # T_j, seconds a rescale is amortised over (tfwd auto)
+    paused_s: float = 0.0         # seconds left of a rescale pause under way (a reclaim's, say)
+
+    def pause(self, n: int) -> float:
+        """Seconds of pause that changing to n nodes adds: a regroup that starts while one is
+        under way ends on the last membership, so only what outlasts the current pause counts."""
+        c = self.current
+        full = self.scale_up_seconds if n > c else self.scale_down_seconds if n < c else 0.0
+        return max(0.0, full - self.paused_s)
 
     @property
     def current(self) -> int:
@@ -59,6 +71,7 @@ class Problem:
     tfwd: float = 10.0
     objective: str = "throughput"
     expect: Optional[Mapping[str, float]] = None  # node -> expected remaining idle s (placement)
+    since: Optional[Mapping[str, float]] = None   # node -> when it became idle (placement's cohorts)
 
     @property
     def capacity(self) -> int:
@@ -92,15 +105,16 @@ def value_table(job: JobRequest, tfwd: float, capacity: int, objective: str = "t
     sc = effective_rate(job, c)
     n = np.arange(top + 1)
     rate = job.curve.rates(n)
+    up, down = job.pause(c + 1), job.pause(c - 1)
     if amortised:
         span = job.horizon if job.horizon is not None else tfwd
         table = rate.astype(float)
-        table[n > c] -= job.scale_up_seconds * sc / span
-        table[n < c] -= job.scale_down_seconds * sc / span
+        table[n > c] -= up * sc / span
+        table[n < c] -= down * sc / span
     else:
         table = tfwd * rate
-        table[n > c] -= job.scale_up_seconds * sc
-        table[n < c] -= job.scale_down_seconds * sc
+        table[n > c] -= up * sc
+        table[n < c] -= down * sc
     table *= w
     if job.bonus:
         table[job.min_nodes:] += job.bonus

@@ -1,107 +1,115 @@
 """Which nodes each job gets, once the policy has chosen how many: no migration.
 
-A shrinking job keeps a subset of its nodes (those in the racks where it has most), a growing
-job keeps all of its nodes and takes free ones: first in racks it already uses, then from the
-racks with the most free nodes, so that jobs stay compact on the machine. Ties go by name, so
-the mapping depends on which nodes are free, not on the order they were listed in.
+Nodes are grouped so that each job's nodes share fate. Given `since` (node -> the moment it
+became idle), the group is the node's *cohort*: the nodes freed at the same moment, by the same
+batch job ending. The main scheduler tends to take a cohort back at once (on the Summit trace 80 %
+of pairs of nodes freed in the same second are reclaimed in the same second), and a reclaim costs
+a job one pause however many of its nodes it takes, so a job spread over few cohorts is preempted
+less often. Without `since` the group is the node's rack (jobs stay compact on the machine).
 
-Given `expect` (node -> expected remaining idle seconds, learned by core.horizon), expected
-idle time comes first and rack compactness breaks ties: a growing job takes the free nodes likely
-to stay idle longest, a shrinking job gives back those likely to be reclaimed soonest. A node
-reclaimed under a job is a preemption (an unplanned pause), so this lowers preemptions per
-node-hour. Expectations are compared by powers of two (a 400 s and a 500 s node are alike, a
-400 s and a 4,000 s one are not), which leaves room for the rack tie-break.
+A shrinking job keeps the nodes of the groups where it has most and gives back the rest; a
+growing job keeps all of its nodes and takes free ones: first in groups it already uses, then
+from the largest free groups. Given `expect` (node -> expected remaining idle seconds, learned by
+core.horizon), a growing job takes the free nodes likely to stay idle longest and a shrinking
+job gives back those likely to be reclaimed soonest. Expectations are compared by powers of two
+(a 400 s and a 500 s node are alike, a 400 s and a 4,000 s one are not). With cohorts the job's
+own cohorts come first (taking more of a cohort it holds adds no new reclaim to wait for; a
+cohort's nodes share an age, hence a class), then expected idle time, then cohort size; with
+racks, expected idle time comes first and racks break ties.
+Among growing jobs' candidates ties go by group, rack and name, so the mapping depends on which
+nodes are free, not on the order they were listed in; a shrinking job breaks ties by the order
+it holds its nodes in.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from .model import rack_of
 from .objective import JobRequest
 
+Group = Callable[[str], str]
+
 
 def life_class(expect: Optional[Mapping[str, float]], node: str) -> int:
-    """Expected remaining idle time in powers of two (0 without expectations: racks decide)."""
+    """Expected remaining idle time in powers of two (0 without expectations: groups decide)."""
     if expect is None:
         return 0
     return int(math.log2(1.0 + max(0.0, expect.get(node, 0.0))))
 
 
-def _keep(nodes: Sequence[str], n: int, expect: Optional[Mapping[str, float]] = None) -> list[str]:
-    count = Counter(rack_of(x) for x in nodes)
-    ranked = sorted(range(len(nodes)),
-                    key=lambda i: (-life_class(expect, nodes[i]), -count[rack_of(nodes[i])], i))
+def grouping(since: Optional[Mapping[str, float]]) -> Group:
+    """The group of a node: its cohort (idle since the same moment) where known, else its rack."""
+    if not since:
+        return rack_of
+    return lambda x: f"{since[x]:.3f}" if x in since else rack_of(x)
+
+
+def _keep(nodes: Sequence[str], n: int, group: Group, fate: bool,
+          expect: Optional[Mapping[str, float]] = None) -> list[str]:
+    count = Counter(group(x) for x in nodes)
+
+    def rank(i: int) -> tuple:
+        life, size = -life_class(expect, nodes[i]), -count[group(nodes[i])]
+        return (size, life, group(nodes[i]), i) if fate else (life, size, group(nodes[i]), i)
+    ranked = sorted(range(len(nodes)), key=rank)
     keep = set(ranked[:n])
     return [x for i, x in enumerate(nodes) if i in keep]
 
 
 def place(jobs: Sequence[JobRequest], sizes: Sequence[int], nodes: Sequence[str],
-          expect: Optional[Mapping[str, float]] = None) -> dict[str, list[str]]:
-    """Nodes per job for the chosen sizes; `expect` ranks nodes by expected idle time first."""
+          expect: Optional[Mapping[str, float]] = None,
+          since: Optional[Mapping[str, float]] = None) -> dict[str, list[str]]:
+    """Nodes per job for the chosen sizes, grouped by cohort (`since`) or rack; `expect` ranks
+    new groups by expected idle time."""
+    fate = bool(since)
+    group = grouping(since)
     held = {x for j in jobs for x in j.current_nodes}
-    free_by_rack: dict[str, list[str]] = {}
-    for x in nodes:
-        if x not in held:
-            free_by_rack.setdefault(rack_of(x), []).append(x)
+    if fate:
+        named = {x: group(x) for x in (*nodes, *held)}   # once per node, not once per comparison
+        group = named.__getitem__
+    free = [x for x in nodes if x not in held]
     assignment: dict[str, list[str]] = {}
     growing: list[int] = []
     for i, (job, n) in enumerate(zip(jobs, sizes)):
         cur = list(job.current_nodes)
         if n <= len(cur):
-            kept = cur if n == len(cur) else _keep(cur, n, expect)
+            kept = cur if n == len(cur) else _keep(cur, n, group, fate, expect)
             assignment[job.id] = kept
             if n < len(cur):
                 kept_set = set(kept)
-                for x in cur:
-                    if x not in kept_set:
-                        free_by_rack.setdefault(rack_of(x), []).append(x)
+                free.extend(x for x in cur if x not in kept_set)
         else:
             growing.append(i)
     growing.sort(key=lambda i: (-(sizes[i] - jobs[i].current), i))
-    if expect is not None:
-        return {**assignment, **_grow_by_life(jobs, sizes, growing, free_by_rack, expect)}
+    # free nodes in buckets of one class and one group, each in rack and name order: a job then
+    # orders buckets, not nodes (100 jobs x 4,734 nodes stays a few milliseconds)
+    buckets: dict[tuple[int, str], list[str]] = {}
+    for x in free:
+        buckets.setdefault((life_class(expect, x), group(x)), []).append(x)
+    for pool in buckets.values():
+        pool.sort(key=lambda x: (rack_of(x), x), reverse=True)       # taken from the end
+    left = Counter(g for (_, g), pool in buckets.items() for _ in pool)
     for i in growing:
         job = jobs[i]
         got = list(job.current_nodes)
         need = sizes[i] - len(got)
-        own = Counter(rack_of(x) for x in got)
-        order = [r for r, _ in own.most_common() if free_by_rack.get(r)]
-        order += sorted((r for r in free_by_rack if r not in own and free_by_rack[r]),
-                        key=lambda r: (-len(free_by_rack[r]), r))
-        for r in order:
+        if need > sum(left.values()):
+            raise AssertionError(f"placement ran out of nodes for job {job.id}")
+        own = Counter(group(x) for x in got)
+
+        def order(key: tuple[int, str]) -> tuple:
+            c, g = key
+            return (-own[g], -c, -left[g], g) if fate else (-c, -own[g], -left[g], g)
+        for key in sorted((k for k, pool in buckets.items() if pool), key=order):
             if need <= 0:
                 break
-            pool = free_by_rack[r]
-            pool.sort()
-            take = pool[:need]
-            del pool[:need]
+            pool = buckets[key]
+            take = pool[-need:][::-1]
+            del pool[-need:]
             got.extend(take)
+            left[key[1]] -= len(take)
             need -= len(take)
-        if need > 0:
-            raise AssertionError(f"placement ran out of nodes for job {job.id}")
         assignment[job.id] = got
     return assignment
-
-
-def _grow_by_life(jobs: Sequence[JobRequest], sizes: Sequence[int], growing: Sequence[int],
-                  free_by_rack: dict[str, list[str]], expect: Mapping[str, float]) -> dict[str, list[str]]:
-    """Growing jobs take the free nodes of the longest expected idle time; among alike ones, those
-    in racks the job uses, then racks with most free nodes, then by name."""
-    free = [x for pool in free_by_rack.values() for x in pool]
-    cls = {x: life_class(expect, x) for x in free}
-    out: dict[str, list[str]] = {}
-    for i in growing:
-        job = jobs[i]
-        got = list(job.current_nodes)
-        need = sizes[i] - len(got)
-        own = Counter(rack_of(x) for x in got)
-        left = Counter(rack_of(x) for x in free)
-        free.sort(key=lambda x: (-cls[x], -own[rack_of(x)], -left[rack_of(x)], rack_of(x), x))
-        if need > len(free):
-            raise AssertionError(f"placement ran out of nodes for job {job.id}")
-        got.extend(free[:need])
-        del free[:need]
-        out[job.id] = got
-    return out

@@ -395,11 +395,9 @@ def format_summary(s: dict) -> str:
     ]
     h = s.get("horizon")
     if h:
-        jobs = sorted((h.get("jobs") or {}).values())
-        spread = f" ({jobs[0]:.0f}-{jobs[-1]:.0f} s over {len(jobs)} jobs)" if len(jobs) > 1 else ""
-        rows.insert(1, ("learned horizon", f"{h['tfwd']:.0f} s for the median job at the end{spread}, from "
-                                           f"{h['fragments']} ended "
-                                           f"fragments and {h['nodes']} idle nodes (median fragment "
+        rows.insert(1, ("learned horizon", f"{h['tfwd']:.0f} s at the end, the median stand of "
+                                           f"{h.get('stands', 0)} allocations that changed; placement from "
+                                           f"{h['fragments']} ended fragments (median "
                                            f"{h['median_s']} s, an idle node expected to stay {h['node_life_s']} s)"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

@@ -54,6 +54,10 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     learned = store.meta("horizon")
     if learned and ctl.horizon_learner is not None:
         ctl.horizon_learner.load(learned)
+    if ctl.horizon_learner is not None:
+        for jid in ctl.running:
+            if ctl.held.get(jid):
+                ctl.horizon_learner.changed(jid, now)
     counters = store.meta("counters")
     if counters:
         ctl.counters = Counters(**counters)

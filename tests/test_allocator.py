@@ -42,7 +42,8 @@ NAMES = [f"a{r:02d}n{i:02d}" for r in (1, 2, 3) for i in range(1, 19)]
 # ---------------------------------------------------------------- instances and reference
 
 def random_problem(seed: int, max_jobs: int = 6, max_nodes: int = 24) -> Problem:
-    """Non-concave curves, any bounds, current sizes below min and above max, any costs."""
+    """Non-concave curves, any bounds, current sizes below min and above max, any costs, jobs
+    caught mid-regroup (part of a rescale pause left, shorter or longer than the next one)."""
     rng = np.random.default_rng(seed)
     N = int(rng.integers(0, max_nodes + 1))
     nodes = [str(x) for x in rng.permutation(rng.choice(NAMES, N, replace=False))]
@@ -60,8 +61,9 @@ def random_problem(seed: int, max_jobs: int = 6, max_nodes: int = 24) -> Problem
         down = 0.0 if rng.random() < 0.2 else float(rng.uniform(0, 60))
         c = min(len(pool), int(rng.integers(0, hi + 4)) if rng.random() < 0.7 else 0)
         cur, pool = pool[:c], pool[c:]
+        paused = float(rng.uniform(0, 70)) if c and rng.random() < 0.3 else 0.0   # mid-regroup
         jobs.append(JobRequest(f"J{j}", lo, hi, Curve(tuple(int(x) for x in xs), tuple(float(y) for y in ys)),
-                               up, down, tuple(cur), float(rng.uniform(0.2, 5.0))))
+                               up, down, tuple(cur), float(rng.uniform(0.2, 5.0)), paused_s=paused))
     tfwd = float(rng.choice([1.0, 10.0, 30.0, float(rng.uniform(0.5, 120.0))]))
     return Problem(nodes, jobs, tfwd)
 
@@ -80,7 +82,9 @@ def rate(job: JobRequest, n: int) -> float:
 def job_value(job: JobRequest, n: int, tfwd: float, objective: str, per_job: bool = False) -> float:
     c = len(job.current_nodes)
     sc = rate(job, c)
-    cost = (n > c) * job.scale_up_seconds * sc + (n < c) * job.scale_down_seconds * sc
+    # a regroup during a pause under way only adds what outlasts it
+    up, down = (max(0.0, x - job.paused_s) for x in (job.scale_up_seconds, job.scale_down_seconds))
+    cost = (n > c) * up * sc + (n < c) * down * sc
     if per_job:
         v = rate(job, n) - cost / (job.horizon if job.horizon is not None else tfwd)
     else:
@@ -164,6 +168,8 @@ def test_generator_covers_the_hard_cases() -> None:
     assert any(any(b < a for a, b in zip(j.curve.samples_per_second, j.curve.samples_per_second[1:]))
                for _, j in jobs)
     assert any(p.capacity == 0 for p, _ in jobs)
+    assert any(0 < j.paused_s < max(j.scale_up_seconds, j.scale_down_seconds) for _, j in jobs)
+    assert any(j.paused_s > max(j.scale_up_seconds, j.scale_down_seconds) for _, j in jobs)
     assert any(len(p.jobs) == 6 and p.capacity >= 20 for p, _ in jobs)
 
 
@@ -188,20 +194,26 @@ def test_other_objectives_match_enumeration(seed: int, objective: str) -> None:
 # ---------------------------------------------------------------- the learned horizon (--tfwd auto)
 
 def learned_problem(seed: int) -> Problem:
-    """The instance of `seed` with a horizon per job learned from random idle fragments
-    (heavy-tailed) and every idle node's expected remaining idle time for placement, as the
-    controller passes them."""
+    """The instance of `seed` as the controller builds it with --tfwd auto: a horizon learned from
+    random allocation stands (heavy-tailed), here drawn apart per job too (the objective takes a
+    horizon per job), every idle node's expected remaining idle time learned from random idle
+    fragments, and when each node became idle (placement's cohorts)."""
     rng = np.random.default_rng(10_000 + seed)
     p = instance(seed)
     learner = HorizonLearner()
     for d in rng.pareto(1.2, int(rng.integers(1, 400))) * 300.0:
         learner.ended(float(d))
+    t = 0.0
+    learner.changed("X", t)
+    for d in rng.pareto(1.2, int(rng.integers(1, 60))) * 60.0:
+        t += float(d)
+        learner.changed("X", t)
     ages = rng.exponential(600.0, len(p.nodes))
-    holder = {x: j.id for j in p.jobs for x in j.current_nodes}
-    h = learner.decide(ages, [holder.get(x) for x in p.nodes], [j.id for j in p.jobs])
+    h = learner.decide(ages, [j.id for j in p.jobs], t)
     expect = dict(zip(p.nodes, learner.expected(ages, ages).tolist()))
-    jobs = [replace(j, horizon=h.jobs[j.id]) for j in p.jobs] if h.learned else p.jobs
-    return Problem(p.nodes, jobs, h.tfwd, p.objective, expect)
+    since = {x: float(rng.integers(0, 4)) for x in p.nodes}
+    jobs = [replace(j, horizon=h.tfwd * float(rng.uniform(0.2, 5.0))) for j in p.jobs]
+    return Problem(p.nodes, jobs, h.tfwd, p.objective, expect, since)
 
 
 @pytest.mark.parametrize("seed", range(0, N_RANDOM, 2))
@@ -256,6 +268,29 @@ def test_placement_by_expected_idle_time() -> None:
     assert plan.assignment["G"][1:3] == ["a01n03", "a03n02"]
     without = allocate(Problem(nodes, [grow, shrink], 100.0))
     assert "a01n02" in without.assignment["G"]                            # racks only: 100 s node taken
+
+
+def test_placement_by_cohort() -> None:
+    """Given when each node became idle, a job's nodes are grouped by cohort (freed together, so
+    likely reclaimed together): a growing job fills the cohorts it holds first, then takes the
+    largest free one; a shrinking job gives back its smallest cohort, whatever the racks."""
+    curve = Curve((1, 8), (100.0, 800.0))
+    grow = JobRequest("G", 1, 5, curve, current_nodes=("a01n01",))
+    shrink = JobRequest("S", 1, 3, curve, current_nodes=("b01n01", "b01n02", "c01n01", "c02n01"))
+    nodes = ["a01n01", "a01n02", "a01n03", "b01n01", "b01n02", "c01n01", "c02n01", "d01n01", "d02n01",
+             "e01n01", "e02n01", "e03n01"]
+    since = {"a01n01": 100.0, "e02n01": 100.0,                          # G's cohort, across racks
+             "a01n02": 200.0, "a01n03": 300.0,                          # its rack, other cohorts
+             "b01n01": 400.0, "b01n02": 400.0, "c01n01": 500.0, "c02n01": 500.0,
+             "d01n01": 600.0, "d02n01": 600.0, "e01n01": 600.0, "e03n01": 700.0}
+    plan = allocate(Problem(nodes, [grow, shrink], 100.0, since=since))
+    assert plan.sizes == {"G": 5, "S": 3}
+    # S keeps one whole cohort and one node of the other (ties: the order it holds them in)
+    assert sorted(plan.assignment["S"]) == ["b01n01", "b01n02", "c01n01"]
+    # G: its own cohort (e02n01), then the largest free cohort (600 s: three nodes)
+    assert plan.assignment["G"] == ["a01n01", "e02n01", "d01n01", "d02n01", "e01n01"]
+    racks = allocate(Problem(nodes, [grow, shrink], 100.0))
+    assert racks.assignment["G"][:3] == ["a01n01", "a01n02", "a01n03"]      # without: its rack first
 
 
 # ---------------------------------------------------------------- other solvers and policies

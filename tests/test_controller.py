@@ -7,6 +7,7 @@ import pytest
 
 from core.clock import SimClock
 from core.controller import Controller, ControllerConfig
+from core.horizon import MIN_STANDS
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind, JobState
 from tests.support.sim import T0, controller, job
@@ -102,26 +103,55 @@ def test_cancel_releases_nodes():
         ctl.submit(job("A"))
 
 
-def test_auto_horizon_learns_from_ended_fragments_only():
-    """--tfwd auto: the fallback until a node's idle fragment ends, then a horizon from what was
-    seen (never from the future); the snapshot says what it was learned from."""
+def test_auto_horizon_learns_from_how_long_allocations_stand():
+    """--tfwd auto: the fallback until MIN_STANDS allocations have changed, then the median
+    time they stood (never the future); placement learns from the first fragment that ends; the
+    snapshot says what both were learned from."""
     nodes = [f"a01n{i:02d}" for i in range(1, 9)]
     clock = SimClock(T0)
     ctl = Controller(SimulatedDispatcher(), clock, ControllerConfig(tfwd="auto"), None, nodes)
     assert ctl.config.learns_horizon and ctl.horizon.tfwd == 10.0 and not ctl.horizon.learned
     ctl.start(nodes)
-    ctl.submit(job("J", hi=8))
+    ctl.submit(job("J", hi=8, total=1e9, curve=((1, 2, 4, 8), (100.0, 190.0, 350.0, 650.0))))
     ctl.step()
-    assert not ctl.horizon.learned and ctl.horizon.fragments == 0
-    clock.advance_to(T0 + 300)
-    ctl.step([Event(T0 + 300, EventKind.NODE_LEAVE, node="a01n01")])
-    h = ctl.horizon
-    assert h.learned and h.fragments == 1 and h.nodes == 7
-    # one fragment of 300 s, seven nodes idle for 300 s still going: they outlive it
-    # all seven alike: T_J = 1 / (the reclaim rate of J's k nodes + one free node's)
-    k = len(ctl.held["J"])
-    assert 0 < k <= 7 and h.node_life_s > 0 and h.tfwd == pytest.approx(h.node_life_s / (k + 1))
-    assert h.jobs == {"J": pytest.approx(h.tfwd)}
-    assert ctl.snapshot("running", 1).config["horizon"]["fragments"] == 1
+    assert len(ctl.held["J"]) == 8 and not ctl.horizon.learned and ctl.horizon.fragments == 0
+    # J's allocation stands 300, 100, 200, 300, 100 s: each reclaim changes it (nothing to refill)
+    for k, t in enumerate((300, 400, 600, 900, 1000)):
+        clock.advance_to(T0 + t)
+        ctl.step([Event(T0 + t, EventKind.NODE_LEAVE, node=ctl.held["J"][0])])
+        h = ctl.horizon
+        assert h.fragments == k + 1 and h.stands == k + 1 and h.learned == (k + 1 >= MIN_STANDS)
+    assert len(ctl.held["J"]) == 3 and h.standing == 1
+    assert 150.0 < h.tfwd < 350.0 and h.jobs == {"J": h.tfwd}      # the median of 100, 100, 200, 300, 300
+    assert ctl.snapshot("running", 1).config["horizon"]["stands"] == 5
     with pytest.raises(Exception, match="positive number of seconds or auto"):
         ControllerConfig(tfwd="soon")
+
+
+def test_a_reclaimed_job_is_refilled_for_what_outlasts_its_pause():
+    """A reclaim already pauses the job for its scale-down; a refill decided at the same moment
+    ends in the same regroup, so it costs only what outlasts that pause (18 - 12 s here) and pays
+    off where a refill later, at the full 18 s, does not."""
+    nodes = [f"a01n{i:02d}" for i in range(1, 6)]
+    clock = SimClock(T0)
+    d = SimulatedDispatcher()
+    ctl = Controller(d, clock, ControllerConfig(tfwd=30), None, nodes)
+    ctl.start(nodes)
+    ctl.submit(job("J", hi=4, total=1e9))
+    ctl.step()
+    assert len(ctl.held["J"]) == 4 and d.lost_samples == 0
+    spare = next(n for n in nodes if n not in ctl.held["J"])
+    victim = ctl.held["J"][0]
+    clock.advance_to(T0 + 100)
+    # +80/s over 30 s = 2,400 samples against 6 s x 270/s = 1,620 lost: refill now
+    ctl.step([Event(T0 + 100, EventKind.NODE_LEAVE, node=victim)])
+    assert sorted(ctl.held["J"]) == sorted(n for n in nodes if n != victim)
+    assert spare in ctl.held["J"]
+    assert d.lost_samples == pytest.approx(12 * 350 + 6 * 270)
+    assert ctl.rescaling_until["J"] == T0 + 100 + 18
+    # the same gap opened with no pause under way: 18 s x 270/s = 4,860 > 2,400, so it stays
+    clock.advance_to(T0 + 400)
+    ctl.step([Event(T0 + 400, EventKind.NODE_LEAVE, node=spare)])
+    clock.advance_to(T0 + 500)
+    ctl.step([Event(T0 + 500, EventKind.NODE_JOIN, node=victim)])
+    assert len(ctl.held["J"]) == 3 and victim not in ctl.held["J"]

@@ -28,13 +28,13 @@ def test_why_says_what_holds_a_job_back():
 
 
 def test_why_quotes_the_learned_horizon():
-    """tfwd auto: the line says how long the nodes must stay idle for growing to pay off and how
-    long they are expected to stay (the job's learned horizon)."""
+    """tfwd auto: the line says how long the new allocation must stand for growing to pay off and
+    how long allocations have stood (the learned horizon)."""
     job = _job(curve=Curve((1, 2, 4, 8, 16), (100, 200, 390, 500, 560)))
     line = why(job, 8, 100, 20, 3, 10, 40.0, learned=True)
     # 8 -> 16 adds 60 samples/s; the 18 s pause at 500 samples/s loses 9,000: 150 s to repay
-    assert line == ("holds 8 nodes: growing to 16 pays off if the nodes stay idle 150 s (+60 samples/s "
-                    "against 9,000 samples lost in its 18 s rescale pause); they are expected to stay 40 s")
+    assert line == ("holds 8 nodes: growing to 16 pays off if the new allocation stands 150 s (+60 samples/s "
+                    "against 9,000 samples lost in its 18 s rescale pause); allocations have stood 40 s (median)")
     assert "T_fwd = 40 s" in why(job, 8, 100, 20, 3, 10, 40.0)          # a fixed T_fwd: the old words
     assert "free, but the milp policy" in why(job, 8, 100, 20, 3, 10, 400.0, learned=True)
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from core.horizon import FALLBACK_S, FragmentSurvival, HorizonLearner
+from core.horizon import FALLBACK_S, MIN_STANDS, FragmentSurvival, HorizonLearner
 
 
 def test_exponential_fragments_have_no_memory() -> None:
@@ -42,30 +42,67 @@ def test_heavy_tail_old_nodes_stay_longer() -> None:
     assert all(b > a for a, b in zip(m, m[1:]))
 
 
-def test_fallback_until_a_fragment_ended_then_per_job_horizons() -> None:
-    """T_j = 1 / (sum of the held nodes' reclaim rates + a free node's): a job holding more, or
-    younger (likelier to go), nodes amortises a rescale over less time."""
-    h = HorizonLearner()
-    first = h.decide([10.0, 20.0], [None, None], ["J"])
-    assert first.tfwd == FALLBACK_S and not first.learned and first.fragments == 0 and not first.jobs
-    for d in np.random.default_rng(2).exponential(600.0, 5000):
-        h.ended(float(d))
-    holders = ["A"] * 9 + ["B"] * 40 + [None] * 51
-    got = h.decide(np.full(100, 60.0), holders, ["A", "B", "C"])
-    assert got.learned and got.fragments == 5000 and got.nodes == 100
-    assert got.node_life_s == pytest.approx(600.0, rel=0.1)            # exponential: no memory
-    life = got.node_life_s
-    assert got.jobs["A"] == pytest.approx(life / 10) and got.jobs["B"] == pytest.approx(life / 41)
-    assert got.jobs["C"] == pytest.approx(life)                          # holds nothing yet
-    assert got.tfwd == pytest.approx(life / 10)                          # the median job's
-    assert set(got.to_dict()) == {"tfwd", "fragments", "nodes", "median_s", "node_life_s", "learned", "jobs"}
+def stood(h: HorizonLearner, job: str, lengths) -> float:
+    """Feed `job`'s allocation changes so that its allocations stand `lengths` seconds each;
+    returns the time of the last change."""
+    t = 0.0
+    h.changed(job, t)
+    for d in lengths:
+        t += float(d)
+        h.changed(job, t)
+    return t
 
 
-def test_heavy_tail_long_idle_nodes_give_longer_horizons() -> None:
-    rng = np.random.default_rng(3)
+def test_fallback_until_enough_stands_then_their_median() -> None:
+    """The horizon is the median time an allocation stands before it changes; BFTrainer's 10 s
+    until MIN_STANDS have ended. The idle fragments are for placement and for the record."""
     h = HorizonLearner()
-    for d in (rng.pareto(1.5, 10_000) + 1.0) * 60.0:
+    first = h.decide([10.0, 20.0], ["J"], 0.0)
+    assert first.tfwd == FALLBACK_S and not first.learned and first.stands == 0 and not first.jobs
+    stood(h, "X", [300.0] * (MIN_STANDS - 1))
+    assert not h.decide([10.0], ["J"], 0.0).learned                       # one short of MIN_STANDS
+    h = HorizonLearner()
+    end = stood(h, "X", np.random.default_rng(2).exponential(300.0, 5000))
+    for d in np.random.default_rng(3).exponential(600.0, 2000):
         h.ended(float(d))
-    ages = np.array([5.0] * 4 + [20_000.0] * 4 + [60.0] * 4)
-    got = h.decide(ages, ["young"] * 4 + ["old"] * 4 + [None] * 4, ["young", "old"])
-    assert got.jobs["old"] > 2 * got.jobs["young"]
+    got = h.decide(np.full(100, 60.0), ["A", "B"], end)
+    assert got.learned and got.stands == 5000 and got.standing == 0        # A, B never changed
+    assert got.tfwd == pytest.approx(300.0 * math.log(2), rel=0.06)        # exponential median
+    assert got.jobs == {"A": got.tfwd, "B": got.tfwd}
+    assert got.fragments == 2000 and got.node_life_s == pytest.approx(600.0, rel=0.1)
+    assert set(got.to_dict()) == {"tfwd", "fragments", "nodes", "median_s", "node_life_s", "learned", "jobs",
+                                  "stands", "standing"}
+
+
+def test_standing_allocations_count_as_censored() -> None:
+    """Allocations standing now have lasted at least their age: where more than half outlive
+    every stand that ended, the median moves out to them."""
+    h = HorizonLearner()
+    stood(h, "X", [100.0] * 30)
+    for k in range(10):
+        h.changed(f"J{k}", 0.0)
+    jobs = [f"J{k}" for k in range(10)]
+    few = h.decide([1.0], jobs, 1000.0)
+    assert few.learned and few.standing == 10 and few.tfwd == pytest.approx(100.0, rel=0.16)   # within a grid bin
+    h = HorizonLearner()
+    stood(h, "X", [100.0] * 10)
+    jobs = [f"J{k}" for k in range(30)]
+    for j in jobs:
+        h.changed(j, 0.0)
+    many = h.decide([1.0], jobs, 1000.0)
+    assert many.learned and 1000.0 <= many.tfwd <= 1000.0 * 10 ** (2 / 16)    # to a grid bin or two
+    for j in jobs:
+        h.left(j)
+    assert h.decide([1.0], jobs, 1000.0).tfwd == pytest.approx(100.0, rel=0.16)
+
+
+def test_state_keeps_fragments_and_stands_and_reads_the_old_form() -> None:
+    h = HorizonLearner()
+    stood(h, "X", [100.0, 200.0])
+    h.ended(300.0)
+    again = HorizonLearner()
+    again.load(h.state())
+    assert again.state() == h.state() and again.stands.count == 2 and again.survival.count == 1
+    old = HorizonLearner()
+    old.load(h.survival.state())                  # a store written before stands were learned
+    assert old.survival.count == 1 and old.stands.count == 0

@@ -20,31 +20,35 @@ def test_a_fixed_tfwd_says_so():
 
 
 def test_the_learned_horizon_comes_from_a_real_controller():
-    """The snapshot a controller with --tfwd auto publishes: first the fallback, then (once a
-    node's idle fragment ended) the median job's horizon and what it was learned from."""
+    """The snapshot a controller with --tfwd auto publishes: first the fallback, then (once
+    enough allocations have changed) the median stand, and what placement learned from."""
     nodes = [f"a01n{i:02d}" for i in range(1, 9)]
     t0 = 1_700_000_000.0
     clock = SimClock(t0)
     ctl = Controller(SimulatedDispatcher(), clock, ControllerConfig(tfwd="auto"), None, nodes)
     ctl.start(nodes)
-    ctl.submit(job("J", hi=8))
+    ctl.submit(job("J", hi=8, curve=((1, 2, 4, 8), (100.0, 190.0, 350.0, 650.0))))
     ctl.step()
     text = horizon_text(ctl.snapshot("running", 1).config)
-    assert text == "Horizon: learned (--tfwd auto); 10 s until the first idle fragment ends (8 nodes idle so far)."
-    clock.advance_to(t0 + 300)
-    ctl.step([Event(t0 + 300, EventKind.NODE_LEAVE, node="a01n01")])
+    assert text == ("Horizon: learned (--tfwd auto); 10 s until 5 allocations have changed (0 so far). "
+                    "Placement: 0 idle fragments ended, 8 nodes idle now.")
+    for k in range(1, 6):
+        clock.advance_to(t0 + 300 * k)
+        ctl.step([Event(t0 + 300 * k, EventKind.NODE_LEAVE, node=ctl.held["J"][0])])
     h = ctl.horizon
     text = horizon_text(ctl.snapshot("running", 2).config)
-    assert text.startswith(f"Horizon: learned (--tfwd auto), {h.tfwd:,.0f} s for the median job")
-    assert "Learned from 1 idle fragments that ended and 7 nodes idle now (censored)" in text
+    assert h.learned and text.startswith(
+        f"Horizon: learned (--tfwd auto), {h.tfwd:,.0f} s: the median time a job's allocation stands before "
+        f"it changes, from 5 that changed and 1 standing now (censored). Placement: 5 idle fragments ended, "
+        f"3 nodes idle now; median fragment")
     assert f"an idle node expected to stay {h.node_life_s:,.0f} s" in text
 
 
-def test_per_job_spread_and_median_fragment():
-    config = {"tfwd": "auto", "horizon": {"tfwd": 41.0, "fragments": 115181, "nodes": 483, "median_s": 452.7,
-                                          "node_life_s": 1370.7, "learned": True,
-                                          "jobs": {"A": 12.0, "B": 41.0, "C": 600.0}}}
+def test_what_the_learned_horizon_says():
+    config = {"tfwd": "auto", "horizon": {"tfwd": 71.0, "fragments": 115181, "nodes": 483, "median_s": 452.7,
+                                          "node_life_s": 1370.7, "learned": True, "stands": 3012, "standing": 10,
+                                          "jobs": {"A": 71.0, "B": 71.0}}}
     assert horizon_text(config) == (
-        "Horizon: learned (--tfwd auto), 41 s for the median job, from 12 to 600 s over 3 jobs: how long a "
-        "job is expected to keep its nodes before one is reclaimed. Learned from 115,181 idle fragments that "
-        "ended and 483 nodes idle now (censored); median fragment 453 s, an idle node expected to stay 1,371 s.")
+        "Horizon: learned (--tfwd auto), 71 s: the median time a job's allocation stands before it changes, "
+        "from 3,012 that changed and 10 standing now (censored). Placement: 115,181 idle fragments ended, "
+        "483 nodes idle now; median fragment 453 s, an idle node expected to stay 1,371 s.")

@@ -50,3 +50,22 @@ def test_the_simulated_profiler_measures_with_the_stated_noise_reproducibly():
     short = [math.log(m.factor("J1", t * 10.0, "rate", 10.0)) for t in range(4000)]
     assert statistics.pstdev(short) == pytest.approx(0.03 * math.sqrt(3), rel=0.1)
     assert isinstance(RateSample(0.0, "J", 1, 1.0), RateSample)
+
+
+def test_a_rescale_during_a_pause_extends_it_rather_than_adding_one():
+    """A reclaim mid-regroup, or a refill decided with the reclaim, ends in the same regroup:
+    the job pauses until the later one would end, not for the sum of both."""
+    d = SimulatedDispatcher()
+    j = job("J", total=1e9)
+    d.resize(j, ["a", "b", "c", "d"], T0)
+    d.vacate(j, ["d"], T0 + 100)                     # 12 s pause at 350/s
+    d.resize(j, ["a", "b", "c", "e"], T0 + 100)      # refill now: 18 s, 12 of them already paused
+    lost = 12 * 350 + 6 * 270
+    assert d.lost_samples == pytest.approx(lost)
+    d.vacate(j, ["a"], T0 + 110)                     # 8 s left of the pause: extends it by 4 s
+    lost += 4 * 350
+    assert d.lost_samples == pytest.approx(lost)
+    d.vacate(j, ["b"], T0 + 200)                     # no pause under way: the full 12 s
+    assert d.lost_samples == pytest.approx(lost + 12 * 270)
+    assert d.progress(j, T0 + 200) == pytest.approx(350 * 100 - 12 * 350 - 6 * 270 + 350 * 10 - 4 * 350
+                                                    + 270 * 90 - 12 * 270)

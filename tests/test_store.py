@@ -44,7 +44,8 @@ def test_store_is_wal_and_restores_the_controller(tmp_path):
 
 
 def test_restore_takes_up_the_horizon_learner(tmp_path):
-    """tfwd auto: the idle fragments seen before a restart are learned from after it, and the
+    """tfwd auto: the idle fragments and allocation stands seen before a restart are learned from
+    after it (the allocations standing at the restart start their stands again), and the
     restored controller decides the same horizon as the one that was stopped."""
     db = tmp_path / "run.db"
     store = Store(db)
@@ -52,22 +53,22 @@ def test_restore_takes_up_the_horizon_learner(tmp_path):
     ctl, clock = controller(nodes, ControllerConfig(max_jobs=2, tfwd="auto"), store)
     ctl.submit(job("A", total=1e9))
     ctl.step()
-    for k, t in enumerate((200, 450, 900)):
+    for k, t in enumerate((200, 450, 900, 1000, 1300, 1700)):
         clock.advance_to(T0 + t)
         ctl.step([Event(T0 + t, EventKind.NODE_LEAVE, node=nodes[k])])
     ctl.flush()
     before = ctl.horizon
-    assert before.learned and before.fragments == 3
+    assert before.learned and before.fragments == 6 and before.stands >= 5
     store.close()
 
     store2 = Store(db)
-    ctl2 = restore(store2, SimulatedDispatcher(), SimClock(T0 + 900), node_names=nodes)
+    ctl2 = restore(store2, SimulatedDispatcher(), SimClock(T0 + 1700), node_names=nodes)
     assert ctl2.config.learns_horizon
     assert ctl2.horizon_learner.state() == ctl.horizon_learner.state()
-    assert ctl2.horizon_learner.survival.count == 3
-    ctl2.step([Event(T0 + 900, EventKind.NODE_JOIN, node=nodes[0])])
-    ctl.step([Event(T0 + 900, EventKind.NODE_JOIN, node=nodes[0])])
-    assert ctl2.horizon.learned and ctl2.horizon.fragments == 3
+    assert ctl2.horizon_learner.survival.count == 6 and ctl2.horizon_learner.stands.count == before.stands
+    ctl2.step([Event(T0 + 1700, EventKind.NODE_JOIN, node=nodes[0])])
+    ctl.step([Event(T0 + 1700, EventKind.NODE_JOIN, node=nodes[0])])
+    assert ctl2.horizon.learned and ctl2.horizon.fragments == 6 and ctl2.horizon.standing == 1
     assert ctl2.horizon.tfwd == pytest.approx(ctl.horizon.tfwd)
     assert ctl2.horizon.median_s == pytest.approx(ctl.horizon.median_s)
 
@@ -76,11 +77,14 @@ def test_a_horizon_state_from_another_grid_is_refused():
     from core.horizon import HorizonLearner
     h = HorizonLearner()
     h.ended(300.0)
+    h.changed("J", 0.0)
+    h.changed("J", 120.0)
     state = h.state()
-    with pytest.raises(ValueError, match="another grid"):
-        HorizonLearner().load({**state, "per_decade": 10})
-    with pytest.raises(ValueError, match="counted"):
-        HorizonLearner().load({**state, "count": 2})
+    for part in ("fragments", "stands"):
+        with pytest.raises(ValueError, match="another grid"):
+            HorizonLearner().load({**state, part: {**state[part], "per_decade": 10}})
+        with pytest.raises(ValueError, match="counted"):
+            HorizonLearner().load({**state, part: {**state[part], "count": 2}})
     fresh = HorizonLearner()
     fresh.load(state)
     assert fresh.state() == state

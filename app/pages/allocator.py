@@ -10,6 +10,7 @@ from dash import Input, Output, dash_table, dcc, html, no_update
 from app import context, ids
 from app.charts import MARGIN, count_axis, empty_figure, histogram
 from app.format import sim_time
+from core.horizon import MIN_STANDS
 
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
 
@@ -53,20 +54,18 @@ def horizon_text(config: dict) -> str:
     tfwd = config.get("tfwd", 10.0)
     h = config.get("horizon") or {}
     if not isinstance(tfwd, str):
-        return f"Horizon: T_fwd {tfwd:g} s, fixed (--tfwd auto learns it from the idle fragments)."
-    if not h.get("learned"):
-        return (f"Horizon: learned (--tfwd auto); {h.get('tfwd', 10.0):g} s until the first idle "
-                f"fragment ends ({h.get('nodes', 0):,} nodes idle so far).")
-    per_job = sorted((h.get("jobs") or {}).values())
-    spread = (f", from {per_job[0]:,.0f} to {per_job[-1]:,.0f} s over {len(per_job)} jobs"
-              if len(per_job) > 1 else "")
+        return f"Horizon: T_fwd {tfwd:g} s, fixed (--tfwd auto learns it from how long allocations stand)."
     median = h.get("median_s")
     life = h.get("node_life_s")
-    return (f"Horizon: learned (--tfwd auto), {h['tfwd']:,.0f} s for the median job{spread}: how long a job "
-            f"is expected to keep its nodes before one is reclaimed. Learned from {h['fragments']:,} idle "
-            f"fragments that ended and {h['nodes']:,} nodes idle now (censored)"
-            + (f"; median fragment {median:,.0f} s" if median is not None else "")
-            + (f", an idle node expected to stay {life:,.0f} s" if life is not None else "") + ".")
+    nodes = (f" Placement: {h.get('fragments', 0):,} idle fragments ended, {h.get('nodes', 0):,} nodes idle now"
+             + (f"; median fragment {median:,.0f} s" if median is not None else "")
+             + (f", an idle node expected to stay {life:,.0f} s" if life is not None else "") + ".")
+    if not h.get("learned"):
+        return (f"Horizon: learned (--tfwd auto); {h.get('tfwd', 10.0):g} s until {MIN_STANDS} allocations "
+                f"have changed ({h.get('stands', 0):,} so far)." + nodes)
+    return (f"Horizon: learned (--tfwd auto), {h['tfwd']:,.0f} s: the median time a job's allocation stands "
+            f"before it changes, from {h.get('stands', 0):,} that changed and {h.get('standing', 0):,} standing "
+            f"now (censored)." + nodes)
 
 
 @dash.callback(Output(ids.DECISIONS, "data"), Output(ids.SOLVER_RUNS, "data"), Output(ids.SOLVE_HIST, "figure"),

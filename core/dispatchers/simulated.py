@@ -3,7 +3,9 @@
 A job's progress is the integral of its true curve at its current size, minus each rescale's
 cost (`scale_up/down_seconds` x throughput before the change) and minus BFTrainer's
 preemption charge (a job that loses nodes to the main scheduler loses `scale_down_seconds`
-of progress). Both charges use the true curve; the allocator only sees what it believes.
+of progress). Both charges use the true curve; the allocator only sees what it believes. A pause
+that starts while another is under way extends it instead of adding to it, as a regroup does
+(a reclaim, and the refill decided with it, end in one new generation).
 
 With `measure` set it also reports what a profiler would see: every `every_s` of running at one
 size (counted from the end of the rescale pause) a throughput sample of the true rate with
@@ -55,6 +57,7 @@ class _Run:
     rate: float = 0.0
     measure_from: float = 0.0      # the current measuring window started here
     fresh: bool = True             # no sample yet at this size: the first window is short
+    paused_until: float = 0.0      # end of the rescale pause under way (a later one extends it)
 
 
 def true_rate(job: Job, n: int) -> float:
@@ -82,13 +85,20 @@ class SimulatedDispatcher(Dispatcher):
             run.samples = min(run.job.total_samples, run.samples + run.rate * (now - run.since))
         run.since = max(run.since, now)
 
-    def _charge(self, run: _Run, seconds: float, kind: str, now: float) -> None:
-        lost = min(run.samples, seconds * run.rate)
+    def _charge(self, run: _Run, seconds: float, kind: str, now: float) -> float:
+        """A rescale pause of `seconds` from `now`; returns when the job trains again. A pause
+        that starts while another is under way (a reclaim mid-regroup, a re-plan right after a
+        reclaim) extends it rather than adding to it: the regroup simply ends on the last
+        membership (core.runtime.regroup: a pending regroup wins over a failed generation)."""
+        end = max(run.paused_until, now + seconds)
+        lost = min(run.samples, (end - max(now, run.paused_until)) * run.rate)
+        run.paused_until = end
         run.samples -= lost
         self.lost_samples += lost
         if self.measure is not None:
             self._pending.append(PauseSample(now, run.job.id, kind,
                                              seconds * self.measure.factor(run.job.id, now, kind)))
+        return end
 
     def _close_window(self, run: _Run, now: float) -> None:
         """The size changes: what was measured since the last full window is a shorter sample."""
@@ -130,16 +140,16 @@ class SimulatedDispatcher(Dispatcher):
         n = len(nodes)
         if n == run.nodes:
             return
-        pause = 0.0
+        resumes = now
         self._close_window(run, now)
         if run.nodes > 0 and run.rate > 0:
             self.rescales += 1
             up = n > run.nodes
-            pause = job.scale_up_seconds if up else job.scale_down_seconds
-            self._charge(run, pause, "up" if up else "down", now)
+            resumes = self._charge(run, job.scale_up_seconds if up else job.scale_down_seconds,
+                                   "up" if up else "down", now)
         run.nodes = n
         run.rate = true_rate(job, n)
-        run.measure_from, run.fresh = now + pause, True
+        run.measure_from, run.fresh = resumes, True
 
     def vacate(self, job: Job, lost: Sequence[str], now: float) -> None:
         run = self._run(job, now)
@@ -147,10 +157,10 @@ class SimulatedDispatcher(Dispatcher):
             return
         self.preemptions += len(lost)
         self._close_window(run, now)
-        self._charge(run, job.scale_down_seconds, "down", now)
+        resumes = self._charge(run, job.scale_down_seconds, "down", now)
         run.nodes = max(0, run.nodes - len(lost))
         run.rate = true_rate(job, run.nodes)
-        run.measure_from, run.fresh = now + job.scale_down_seconds, True
+        run.measure_from, run.fresh = resumes, True
 
     def stop(self, job: Job, now: float) -> None:
         run = self._runs.pop(job.id, None)
