@@ -1,0 +1,102 @@
+"""Do nodes freed together get reclaimed together? The fact placement by cohort rests on.
+
+    python -m bench.cohorts [--trace PATH] [--json]
+
+Reads an idle/busy trace (default: the shipped Summit one), cuts it into idle fragments and
+reports, over the pairs of nodes that became idle in the same second (a cohort: one batch job
+ending), the share reclaimed in the same second and within a minute; and, for comparison, how
+well a node's or its rack's past fragment lengths predict its next one (correlation of the logs,
+using only fragments that had ended before the new one began).
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from core.model import rack_of
+from core.sources.trace import read_transitions
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "data" / "summit-idle-nodes-2021-02.csv.gz"
+
+
+def fragments(path: Path) -> list[tuple[str, float, float]]:
+    """(node, idle since, reclaimed at) for every idle fragment that ended."""
+    start: dict[str, float] = {}
+    out = []
+    for t, node, idle, _ in read_transitions(path):
+        if idle:
+            start.setdefault(node, t)
+        elif node in start:
+            out.append((node, start.pop(node), t))
+    return out
+
+
+def together(frags: list[tuple[str, float, float]], within: float) -> float:
+    """Share of pairs in a cohort whose reclaims are at most `within` seconds apart."""
+    cohorts: dict[float, list[float]] = defaultdict(list)
+    for _, began, ended in frags:
+        cohorts[began].append(ended)
+    same = pairs = 0
+    for ends in cohorts.values():
+        if len(ends) < 2:
+            continue
+        ends.sort()
+        for e in ends:
+            same += bisect.bisect_right(ends, e + within) - bisect.bisect_left(ends, e - within) - 1
+        pairs += len(ends) * (len(ends) - 1)
+    return same / pairs if pairs else float("nan")
+
+
+def history_correlation(frags: list[tuple[str, float, float]], key) -> float:
+    """Correlation of log(next fragment length) with log(median of the last 20 that ended for the
+    same key before it began)."""
+    by_end = sorted(frags, key=lambda f: f[2])
+    past: dict[str, list[float]] = defaultdict(list)
+    xs, ys = [], []
+    i = 0
+    for node, began, ended in sorted(frags, key=lambda f: f[1]):
+        while i < len(by_end) and by_end[i][2] <= began:
+            n, b, e = by_end[i]
+            past[key(n)].append(e - b)
+            i += 1
+        seen = past[key(node)]
+        if len(seen) >= 3 and ended > began:
+            xs.append(np.log(max(1.0, float(np.median(seen[-20:])))))
+            ys.append(np.log(ended - began))
+    return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.cohorts", description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    frags = fragments(args.trace)
+    out = {"fragments": len(frags),
+           "cohort_pairs_same_second": round(together(frags, 0.0), 4),
+           "cohort_pairs_within_60s": round(together(frags, 60.0), 4),
+           "corr_node_history": round(history_correlation(frags, lambda n: n), 4),
+           "corr_rack_history": round(history_correlation(frags, rack_of), 4)}
+    print(f"{args.trace.name}: {out['fragments']:,} idle fragments that ended")
+    rows = [("pairs of nodes freed in the same second, reclaimed in the same second",
+             f"{out['cohort_pairs_same_second']:.1%}"),
+            ("pairs of nodes freed in the same second, reclaimed within 60 s", f"{out['cohort_pairs_within_60s']:.1%}"),
+            ("correlation of a fragment's log length with its node's past ones", f"{out['corr_node_history']:.3f}"),
+            ("correlation of a fragment's log length with its rack's past ones", f"{out['corr_rack_history']:.3f}")]
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{w}}  {v:>6}")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""bench/cohorts.py: the fate-sharing statistics placement by cohort rests on, on a trace whose
+answer is known."""
+from __future__ import annotations
+
+import math
+
+from bench.cohorts import fragments, main, together
+
+
+def test_cohort_statistics_on_a_known_trace(tmp_path, capsys):
+    # a01n01..n03 freed together at t=0; n01 and n02 reclaimed together, n03 30 s later;
+    # b01n01 alone
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,node,state\n"
+                     "2021-02-10T00:00:00Z,a01n01,idle\n2021-02-10T00:00:00Z,a01n02,idle\n"
+                     "2021-02-10T00:00:00Z,a01n03,idle\n2021-02-10T00:00:05Z,b01n01,idle\n"
+                     "2021-02-10T00:10:00Z,a01n01,busy\n2021-02-10T00:10:00Z,a01n02,busy\n"
+                     "2021-02-10T00:10:30Z,a01n03,busy\n2021-02-10T00:20:00Z,b01n01,busy\n")
+    frags = fragments(trace)
+    assert sorted(f[0] for f in frags) == ["a01n01", "a01n02", "a01n03", "b01n01"]
+    assert together(frags, 0.0) == 2 / 6           # of the 6 ordered pairs, n01-n02 both ways
+    assert together(frags, 60.0) == 1.0
+    assert math.isnan(together(frags[3:], 0.0))   # no cohort of two
+    assert main(["--trace", str(trace)]) == 0
+    assert "33.3%" in capsys.readouterr().out
