@@ -39,13 +39,6 @@ def life_class(expect: Optional[Mapping[str, float]], node: str) -> int:
     return int(math.log2(1.0 + max(0.0, expect.get(node, 0.0))))
 
 
-def grouping(since: Optional[Mapping[str, float]]) -> Group:
-    """The group of a node: its cohort (idle since the same moment) where known, else its rack."""
-    if not since:
-        return rack_of
-    return lambda x: f"{since[x]:.3f}" if x in since else rack_of(x)
-
-
 def _keep(nodes: Sequence[str], n: int, group: Group, fate: bool,
           expect: Optional[Mapping[str, float]] = None) -> list[str]:
     count = Counter(group(x) for x in nodes)
@@ -64,11 +57,10 @@ def place(jobs: Sequence[JobRequest], sizes: Sequence[int], nodes: Sequence[str]
     """Nodes per job for the chosen sizes, grouped by cohort (`since`) or rack; `expect` ranks
     new groups by expected idle time."""
     fate = bool(since)
-    group = grouping(since)
     held = {x for j in jobs for x in j.current_nodes}
-    if fate:
-        named = {x: group(x) for x in (*nodes, *held)}   # once per node, not once per comparison
-        group = named.__getitem__
+    group: Group = rack_of
+    if since:      # a node's cohort: idle since the same moment (its rack where that is not known)
+        group = {x: f"{since[x]:.3f}" if x in since else rack_of(x) for x in (*nodes, *held)}.__getitem__
     free = [x for x in nodes if x not in held]
     assignment: dict[str, list[str]] = {}
     growing: list[int] = []
