@@ -117,16 +117,22 @@ def test_grow_shrink_kill_leave_restore(job) -> None:
     for g in gens:
         synced = {s["checksum"] for s in g["synced"].values()}
         assert len(g["synced"]) == len(g["members"]) and len(synced) == 1, g   # identical replicas
-        assert len({s["checksum"] for s in g["stopped"].values()}) == 1, g
+        at_step: dict[int, set] = {}
+        for s in g["stopped"].values():
+            at_step.setdefault(s["step"], set()).add(s["checksum"])
+        assert all(len(sums) == 1 for sums in at_step.values()), g            # same step, same state
     for before, after in zip(gens, gens[1:]):
         assert after["start_step"] == before["end_step"], (before, after)       # no step lost
+        newest = {s["checksum"] for s in before["stopped"].values() if s["step"] == before["end_step"]}
+        assert {s["checksum"] for s in after["synced"].values()} == newest, (before, after)
     # the restored state is exactly what A held when it left
     assert gens[6]["start_step"] == left_at and gens[6]["synced"]["E"]["restored"]
     assert gens[6]["synced"]["E"]["checksum"] == gens[5]["stopped"]["A"]["checksum"]
     assert gens[5]["stopped"]["A"]["reason"] == P.STOP_LEAVING
     assert gens[4]["stopped"]["B"]["reason"] == P.STOP_LEAVING
     # a survivor either failed the collective D died in or, if it reached the step boundary first,
-    # took the coordinator's stop; either way it left with the others' state (checked above)
+    # took the coordinator's stop. A ring all-reduce can complete on one survivor and fail on the
+    # other, so they may stop a step apart: the next generation goes on from the newer (above).
     assert {s["reason"] for s in gens[3]["stopped"].values()} <= {P.STOP_FAILED, P.STOP_ASKED}
     assert set(gens[3]["stopped"]) == {"A", "B"}                 # D died without a word
 
