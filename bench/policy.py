@@ -1,7 +1,9 @@
 """How close does each allocation policy come to what rescaling for free would give? Samples of
 milp at several fixed T_fwd, of even, greedy and milp with the learned horizon (`--tfwd auto`),
 each as a fraction of the rescale-free bound: the same replay (same trace window, job set, queue
-and curves) with every scale_up_seconds / scale_down_seconds set to 0.
+and curves) with every scale_up_seconds / scale_down_seconds set to 0. One more row is a reference,
+not a policy: `clairvoyant` is `auto` with placement told when the trace really takes each node
+back (core.clairvoyant), the most any prediction of idle time could give placement.
 
     python -m bench.policy [--json] [--start ISO --hours H] [--jobs CSV] [--max-jobs N]
                            [--parallel P] [--only NAME,NAME]
@@ -33,6 +35,8 @@ VARIANTS: dict[str, list[str]] = {
     "even": ["--policy", "even", "--tfwd", "10"],
     "greedy": ["--policy", "greedy", "--tfwd", "10"],
     "auto": ["--policy", "milp", "--tfwd", "auto"],
+    # a reference, not a policy: auto with placement told when each node is really taken back
+    "clairvoyant": ["--policy", "milp", "--tfwd", "auto", "--clairvoyant"],
 }
 
 
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     base = ["--start", args.start, "--hours", str(args.hours), "--max-jobs", str(args.max_jobs)]
     with tempfile.TemporaryDirectory() as tmp:
         free = free_rescaling(args.jobs, Path(tmp) / "free.csv")
-        # with no rescale cost every T_fwd gives the same sizes; 10 s pins placement by racks
+        # with no rescale cost every T_fwd gives the same sizes, and placement costs nothing
         plan = [("bound", [*base, "--jobs", str(free), "--policy", "milp", "--tfwd", "10"])]
         plan += [(n, [*base, "--jobs", str(args.jobs), *VARIANTS[n]]) for n in names]
 

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 from dataclasses import asdict, dataclass, replace
-from typing import Literal, Optional, Sequence, Union
+from typing import Callable, Literal, Optional, Sequence, Union
 
 import numpy as np
 
@@ -132,6 +132,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
                                         else FALLBACK_S, 0, 0, math.nan, math.nan, False)
+        #: replay reference only (core.clairvoyant): (idle nodes, now) -> true remaining idle s,
+        #: given to placement in place of the learned expectation
+        self.clairvoyant: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
 
     # ---- inputs ---------------------------------------------------------------------------
     def start(self, idle: Sequence[str]) -> None:
@@ -276,14 +279,17 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def _learn_horizon(self, now: float) -> Optional[dict[str, float]]:
         """`tfwd auto`: this step's horizon from the allocation stands seen so far, and every idle
         node's expected remaining idle time from the fragments (for placement); None with a fixed
-        T_fwd or before a fragment has ended."""
+        T_fwd or before a fragment has ended. A clairvoyant replay gives the true times instead."""
         learner = self.horizon_learner
-        if learner is None or not self.idle:
+        if not self.idle or (learner is None and self.clairvoyant is None):
             return None
         names = list(self.idle)
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        self.horizon = learner.decide(ages, list(self.running), now)
-        if not learner.survival.count:
+        if learner is not None:
+            self.horizon = learner.decide(ages, list(self.running), now)
+        if self.clairvoyant is not None:
+            return self.clairvoyant(names, now)
+        if learner is None or not learner.survival.count:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
 

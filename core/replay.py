@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from .clairvoyant import Clairvoyant
 from .clock import SimClock
 from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig, parse_tfwd
 from .restore import restore
@@ -67,6 +68,7 @@ class ReplaySettings:
     seed: int = 0                 # learned: measurement noise seed
     groups: bool = True           # learned: jobs of one name inform each other's priors
     gpus_per_node: Optional[int] = None  # GPUs a held node brings; None: 6 for the Summit trace, else 1
+    clairvoyant: bool = False     # placement knows when each node is taken back (a reference, core.clairvoyant)
 
     def __post_init__(self) -> None:
         """Every replay setting is checked here, once, whoever builds the settings."""
@@ -107,7 +109,7 @@ class ReplaySettings:
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
                 "queue": self.config.queue, "visitor_slots": self.config.visitor_slots, "curves": self.curves, "noise": self.noise,
                 "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups,
-                "gpus_per_node": self.gpus_per_node}
+                "gpus_per_node": self.gpus_per_node, "clairvoyant": self.clairvoyant}
 
 
     @classmethod
@@ -119,7 +121,8 @@ class ReplaySettings:
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
                    key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
-                   key.get("seed", 0), key.get("groups", True), key.get("gpus_per_node"))
+                   key.get("seed", 0), key.get("groups", True), key.get("gpus_per_node"),
+                   key.get("clairvoyant", False))
 
 
 def _number(v) -> bool:
@@ -240,6 +243,9 @@ class Replay:
             self.source = TraceSource(settings.trace, self.all_nodes, self.start, self.end, settings.coalesce)
             self.controller.start(self.source.initial_idle())
             self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
+        if settings.clairvoyant:
+            self.controller.clairvoyant = Clairvoyant.from_trace(settings.trace, self.all_nodes,
+                                                                 self.start, self.end).remaining
         self.arrivals.sort(key=lambda j: j.submit_time)
         self.wall_s = 0.0
         self._batches: Optional[Iterator] = None
@@ -429,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--curves learned: learn each job alone (no priors from jobs of the same name)")
     ap.add_argument("--gpus-per-node", type=int,
                     help="GPUs each node brings (default: 6 for the Summit trace, else 1); counted, never allocated")
+    ap.add_argument("--clairvoyant", action="store_true",
+                    help="a reference, not a policy: placement is told when the trace takes each node "
+                         "back (bench.policy sets learned placement against it)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
     ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
     ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
@@ -468,7 +477,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                   args.queue, args.time_limit)
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
                                   args.start, args.hours, args.coalesce, config, args.curves, args.noise,
-                                  args.sample_every, args.seed, not args.jpa_no_groups, args.gpus_per_node)
+                                  args.sample_every, args.seed, not args.jpa_no_groups, args.gpus_per_node,
+                                  args.clairvoyant)
         replay = Replay(settings, args.db, resume=args.resume)
     except SettingsError as e:
         print(f"error: {e.render(lambda path: '--' + path.rsplit('.', 1)[-1].replace('_', '-'))}", file=sys.stderr)
