@@ -281,15 +281,16 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         node's expected remaining idle time from the fragments (for placement); None with a fixed
         T_fwd or before a fragment has ended. A clairvoyant replay gives the true times instead."""
         learner = self.horizon_learner
-        if not self.idle or (learner is None and self.clairvoyant is None):
+        if not self.idle:
             return None
         names = list(self.idle)
+        if learner is None:
+            return self.clairvoyant(names, now) if self.clairvoyant is not None else None
         ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        if learner is not None:
-            self.horizon = learner.decide(ages, list(self.running), now)
+        self.horizon = learner.decide(ages, list(self.running), now)
         if self.clairvoyant is not None:
             return self.clairvoyant(names, now)
-        if learner is None or not learner.survival.count:
+        if not learner.survival.count:
             return None
         return dict(zip(names, learner.expected(ages, ages).tolist()))
 

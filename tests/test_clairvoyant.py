@@ -6,7 +6,7 @@ import pytest
 
 from core.clairvoyant import Clairvoyant
 from core.controller import ControllerConfig
-from core.replay import Replay, ReplaySettings
+from core.replay import Replay, ReplaySettings, build_parser
 from core.timeutil import parse_iso
 from tests.support.files import write_jobset, write_trace
 
@@ -57,7 +57,6 @@ def test_the_setting_is_part_of_a_stored_runs_key():
 
 
 @pytest.mark.parametrize("flag", [[], ["--clairvoyant"]])
-def test_cli_accepts_the_flag(tmp_path, small_trace, small_jobs, flag):
-    from core.replay import build_parser
+def test_cli_accepts_the_flag(small_trace, small_jobs, flag):
     args = build_parser().parse_args(["--trace", str(small_trace), "--jobs", str(small_jobs), *flag])
     assert args.clairvoyant is bool(flag)
