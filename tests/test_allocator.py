@@ -293,6 +293,33 @@ def test_placement_by_cohort() -> None:
     assert racks.assignment["G"][:3] == ["a01n01", "a01n02", "a01n03"]      # without: its rack first
 
 
+def test_placement_by_cohort_worth() -> None:
+    """With cohorts and expectations, a cohort is worth its free nodes x their expected idle time
+    (node-seconds before its one reclaim): a growing job takes the cohort worth most, not the
+    node expected to stay longest; a shrinking job keeps the cohort worth most, not the largest."""
+    curve = Curve((1, 8), (100.0, 800.0))
+    grow = JobRequest("G", 1, 4, curve, current_nodes=("a01n01",))
+    nodes = ["a01n01", "b01n01", *(f"c01n0{i}" for i in range(1, 7))]
+    since = {"a01n01": 100.0, "b01n01": 200.0, **{f"c01n0{i}": 300.0 for i in range(1, 7)}}
+    expect = {"a01n01": 900.0, "b01n01": 1000.0, **{f"c01n0{i}": 400.0 for i in range(1, 7)}}
+    plan = allocate(Problem(nodes, [grow], 100.0, expect=expect, since=since))
+    assert plan.sizes == {"G": 4}
+    # one 1,000 s node (worth 1,000) against six 400 s nodes (2,400): three of the six, one cohort
+    assert plan.assignment["G"] == ["a01n01", "c01n01", "c01n02", "c01n03"]
+    longer = {**expect, "b01n01": 3000.0}                    # now the lone node is worth more
+    assert allocate(Problem(nodes, [grow], 100.0, expect=longer, since=since)).assignment["G"][:2] == \
+        ["a01n01", "b01n01"]
+
+    shrink = JobRequest("S", 1, 2, curve, current_nodes=("d01n01", "d01n02", "d01n03", "e01n01", "e01n02"))
+    held = list(shrink.current_nodes)
+    since = {"d01n01": 100.0, "d01n02": 100.0, "d01n03": 100.0, "e01n01": 200.0, "e01n02": 200.0}
+    expect = {"d01n01": 100.0, "d01n02": 100.0, "d01n03": 100.0, "e01n01": 3000.0, "e01n02": 3000.0}
+    plan = allocate(Problem(held, [replace(shrink, max_nodes=2)], 100.0, expect=expect, since=since))
+    assert plan.sizes == {"S": 2} and sorted(plan.assignment["S"]) == ["e01n01", "e01n02"]
+    plain = allocate(Problem(held, [replace(shrink, max_nodes=2)], 100.0, since=since))
+    assert sorted(plain.assignment["S"]) == ["d01n01", "d01n02"]       # without: the larger cohort
+
+
 # ---------------------------------------------------------------- other solvers and policies
 
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
