@@ -14,8 +14,9 @@ stderr; with --json the last line is {"window": ..., "bound_samples": ..., "rati
 spent admitted), preemptions also per used node-hour (what placement by expected idle time aims
 to lower).
 
-One window is one draw: moving its start by a few minutes moves every ratio by about 0.1 point
-(sd 0.04-0.12 over six starts), as much as most differences between policies. `--repeat K` runs
+One window is one draw: moving its start by ten minutes moves the ratios by tenths of a point
+(sd 0.01-0.27 over six starts, 0.04-0.10 for milp@60 and auto), as much as most differences
+between policies. `--repeat K` runs
 the window from K starts `--step` minutes apart (the bound too, for each) and adds each
 variant's mean and sd over them (JSON: "spread"); the first start's table is printed as before.
 """
@@ -67,6 +68,13 @@ def per_hour(s: dict, key: str, hours_key: str) -> float:
     return s[key] / hours if hours else 0.0
 
 
+def render(lines: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
+    """Rows as aligned columns: the `left` ones flush left, numbers flush right."""
+    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in
+                                enumerate(zip(r, widths))) for r in lines)
+
+
 def table(runs: dict[str, dict], bound: float) -> str:
     head = ["run", "samples", "of bound", "rescales/job-h", "preempt/job-h", "preempt/node-h",
             "harvest %", "jobs done", "wall s"]
@@ -77,9 +85,7 @@ def table(runs: dict[str, dict], bound: float) -> str:
                       f"{per_hour(s, 'preemptions', 'job_hours'):.3f}",
                       f"{per_hour(s, 'preemptions', 'used_node_hours'):.4f}",
                       f"{s['harvest_pct']:.1f}", str(s["jobs_finished"]), f"{s['wall_s']:.1f}"])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
-                               enumerate(zip(r, widths))) for r in lines)
+    return render(lines)
 
 
 def shifted(start: str, count: int, step_minutes: float) -> list[str]:
@@ -96,9 +102,7 @@ def spread_table(ratios: dict[str, list[float]]) -> str:
     for name, r in ratios.items():
         lines.append([name, f"{statistics.fmean(r):.4f}", f"{statistics.stdev(r):.4f}", f"{min(r):.4f}",
                       f"{max(r):.4f}", " ".join(f"{x:.4f}" for x in r)])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in
-                               enumerate(zip(r, widths))) for r in lines)
+    return render(lines, left=(0, 5))
 
 
 def main(argv: list[str] | None = None) -> int:

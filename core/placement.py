@@ -52,7 +52,8 @@ def _keep(nodes: Sequence[str], n: int, group: Group, fate: bool,
 
     def rank(i: int) -> tuple:
         x = nodes[i]
-        g, size = group(x), count[group(x)]
+        g = group(x)
+        size = count[g]
         if fate:
             return (-size * expected_life(expect, x), -size, g, i)
         return (-life_class(expect, x), -size, g, i)
