@@ -1,4 +1,4 @@
-"""Divide the idle nodes among the running jobs: sizes from a policy, then a no-migration mapping.
+"""Divide the idle nodes among the running jobs: sizes from a policy, then a mapping (core.placement).
 
     python -m core.allocator INSTANCE.json [--policy milp|even|greedy] [--solver dp|highs|cbc]
 

@@ -502,7 +502,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             before = self.held.get(job.id, [])
             after = plan.assignment.get(job.id, [])
             if len(after) == len(before):
-                continue  # no migration: same size means same nodes
+                continue  # same size, same nodes: placement trades only for a job that grows
             why = self.advice.ran(job.id, len(after), now)
             if why:
                 if forced.get(job.id) == len(after):

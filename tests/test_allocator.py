@@ -148,7 +148,10 @@ def check_mapping(p: Problem, assignment: dict[str, list[str]], sizes: dict[str,
         n, got, cur = sizes[j.id], set(assignment[j.id]), set(j.current_nodes)
         assert len(assignment[j.id]) == n
         assert n == 0 or j.min_nodes <= n <= j.max_nodes, (j.id, n, j.min_nodes, j.max_nodes)
-        assert got >= cur or got <= cur, f"job {j.id} both gains and loses nodes"
+        if n <= len(cur):
+            assert got <= cur, f"job {j.id} does not grow but gains nodes"
+        elif not p.since:
+            assert got >= cur, f"job {j.id} grows but loses nodes (racks: no trade)"
 
 
 def check_plan(p: Problem, plan: Plan) -> None:
@@ -287,15 +290,15 @@ def test_placement_by_cohort() -> None:
     assert plan.sizes == {"G": 5, "S": 3}
     # S keeps one whole cohort and one node of the other (ties: the order it holds them in)
     assert sorted(plan.assignment["S"]) == ["b01n01", "b01n02", "c01n01"]
-    # G: its own cohort (e02n01), then the largest free cohort (600 s: three nodes)
-    assert plan.assignment["G"] == ["a01n01", "e02n01", "d01n01", "d02n01", "e01n01"]
+    # G: the largest cohort (600 s: three free nodes), then its own (a01n01 and the free e02n01)
+    assert plan.assignment["G"] == ["d01n01", "d02n01", "e01n01", "a01n01", "e02n01"]
     racks = allocate(Problem(nodes, [grow, shrink], 100.0))
     assert racks.assignment["G"][:3] == ["a01n01", "a01n02", "a01n03"]      # without: its rack first
 
 
 def test_placement_by_cohort_worth() -> None:
-    """With cohorts and expectations, a cohort is worth its free nodes x their expected idle time
-    (node-seconds before its one reclaim): a growing job takes the cohort worth most, not the
+    """With cohorts and expectations, a cohort is worth its nodes x their expected idle time
+    (node-seconds before its one reclaim): a growing job takes the cohorts worth most, not the
     node expected to stay longest; a shrinking job keeps the cohort worth most, not the largest."""
     curve = Curve((1, 8), (100.0, 800.0))
     grow = JobRequest("G", 1, 4, curve, current_nodes=("a01n01",))
@@ -304,11 +307,12 @@ def test_placement_by_cohort_worth() -> None:
     expect = {"a01n01": 900.0, "b01n01": 1000.0, **{f"c01n0{i}": 400.0 for i in range(1, 7)}}
     plan = allocate(Problem(nodes, [grow], 100.0, expect=expect, since=since))
     assert plan.sizes == {"G": 4}
-    # one 1,000 s node (worth 1,000) against six 400 s nodes (2,400): three of the six, one cohort
-    assert plan.assignment["G"] == ["a01n01", "c01n01", "c01n02", "c01n03"]
+    # six 400 s nodes (2,400) against one 1,000 s node (1,000) and its own 900 s one (900):
+    # four of the six, one cohort; it gives its own node back (it regroups anyway)
+    assert plan.assignment["G"] == ["c01n01", "c01n02", "c01n03", "c01n04"]
     longer = {**expect, "b01n01": 3000.0}                    # now the lone node is worth more
-    assert allocate(Problem(nodes, [grow], 100.0, expect=longer, since=since)).assignment["G"][:2] == \
-        ["a01n01", "b01n01"]
+    assert allocate(Problem(nodes, [grow], 100.0, expect=longer, since=since)).assignment["G"] == \
+        ["b01n01", "c01n01", "c01n02", "c01n03"]
 
     shrink = JobRequest("S", 1, 2, curve, current_nodes=("d01n01", "d01n02", "d01n03", "e01n01", "e01n02"))
     held = list(shrink.current_nodes)
@@ -318,6 +322,30 @@ def test_placement_by_cohort_worth() -> None:
     assert plan.sizes == {"S": 2} and sorted(plan.assignment["S"]) == ["e01n01", "e01n02"]
     plain = allocate(Problem(held, [replace(shrink, max_nodes=2)], 100.0, since=since))
     assert sorted(plain.assignment["S"]) == ["d01n01", "d01n02"]       # without: the larger cohort
+
+
+def test_a_growing_job_trades_nodes_only_with_cohorts() -> None:
+    """A growing job regroups anyway, so with cohorts it also moves to the cohorts worth most and
+    gives back the rest, which the next growing job may take; a job that keeps its size keeps
+    its nodes, and with racks a growing job keeps all of its own."""
+    curve = Curve((1, 8), (100.0, 800.0))
+    young = ("a01n01", "a01n02")                                   # G's cohort, about to go
+    good = tuple(f"b01n0{i}" for i in range(1, 7))                  # free, long-lived
+    g = JobRequest("G", 1, 4, curve, current_nodes=young)
+    h = JobRequest("H", 1, 3, curve, current_nodes=("c01n01",))
+    nodes = [*young, *good, "c01n01"]
+    since = {**{x: 100.0 for x in young}, **{x: 200.0 for x in good}, "c01n01": 300.0}
+    expect = {**{x: 50.0 for x in young}, **{x: 5000.0 for x in good}, "c01n01": 10.0}
+    plan = allocate(Problem(nodes, [g, h], 100.0, expect=expect, since=since))
+    assert plan.sizes == {"G": 4, "H": 3}
+    assert plan.assignment["G"] == ["b01n01", "b01n02", "b01n03", "b01n04"]
+    # H: the two good nodes left (worth 10,000), then G's old cohort (2 x 50) over its own (10)
+    assert plan.assignment["H"] == ["b01n05", "b01n06", "a01n01"]
+
+    same = allocate(Problem(nodes, [replace(g, max_nodes=2), h], 100.0, expect=expect, since=since))
+    assert same.sizes["G"] == 2 and same.assignment["G"] == list(young)      # no regroup, no trade
+    racks = allocate(Problem(nodes, [g, h], 100.0, expect=expect))
+    assert racks.assignment["G"][:2] == list(young)                          # racks: no trade
 
 
 # ---------------------------------------------------------------- other solvers and policies

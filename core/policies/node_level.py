@@ -3,7 +3,8 @@
 It is not a policy the controller uses. BFTrainer decides which job gets each node with one
 binary per (job, node), so the model grows with jobs x nodes and its solve stalls at a few
 hundred nodes; the allocator reaches the same optimum with per-job size choices (core.policies.milp)
-and a no-migration mapping (core.placement). This module exists so that tests can check that the
+and a mapping (core.placement) that may move a growing job to better cohorts at the same
+objective value. This module exists so that tests can check that the
 two formulations agree and the benchmark can show what the size-level model saves.
 
 Variables, for job j, node i and candidate size s (the sizes the pruned value table offers):
