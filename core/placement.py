@@ -19,9 +19,11 @@ it also *trades*: it takes the cohorts worth most among its own and the free one
 first within a cohort, and gives back the nodes of its cohorts that did not make the cut. Over
 the regroups a job makes, its nodes move to the cohorts that will be reclaimed least often, at
 no pause of their own (README, "Policies against the rescale-free bound": +0.19 and +0.24 points
-of the bound for `--tfwd auto` over keeping every node, means of six starts). With racks a growing job keeps all of its nodes and takes free
-ones: expected idle time first, compared by powers of two (a 400 s and a 500 s node are alike, a
-400 s and a 4,000 s one are not), then its own racks, then the racks with most free nodes.
+of the bound for `--tfwd auto` over keeping every node, means of six starts).
+
+With racks a growing job keeps all of its nodes and takes free ones: expected idle time first,
+compared by powers of two (a 400 s and a 500 s node are alike, a 400 s and a 4,000 s one are
+not), then its own racks, then the racks with most free nodes.
 Ties go by group, rack and name, so the mapping depends on which nodes are free, not on the
 order they were listed in; a shrinking job breaks ties by the order it holds its nodes in.
 """
@@ -137,6 +139,7 @@ def _trade(jobs: Sequence[JobRequest], sizes: Sequence[int], growing: Sequence[i
     for pool in pools.values():
         _in_taking_order(pool)
     life = {g: sum(expected_life(expect, x) for x in pool) / len(pool) for g, pool in pools.items()}
+    spare = len(free)
     for i in growing:
         job = jobs[i]
         own: dict[str, list[str]] = {}
@@ -146,7 +149,7 @@ def _trade(jobs: Sequence[JobRequest], sizes: Sequence[int], growing: Sequence[i
             if g not in life:
                 life[g] = sum(expected_life(expect, x) for x in mine) / len(mine)
         need = sizes[i]
-        if need > len(job.current_nodes) + sum(len(p) for p in pools.values()):
+        if need > len(job.current_nodes) + spare:
             raise AssertionError(f"placement ran out of nodes for job {job.id}")
 
         def worth(g: str) -> tuple:
@@ -165,6 +168,7 @@ def _trade(jobs: Sequence[JobRequest], sizes: Sequence[int], growing: Sequence[i
                 del pool[-need:]
                 got.extend(take)
                 need -= len(take)
+        spare -= len(got) - len(job.current_nodes)
         kept = set(got)
         for g, mine in own.items():
             back = [x for x in mine if x not in kept]
