@@ -4,9 +4,10 @@
 
 Reads an idle/busy trace (default: the shipped Summit one), cuts it into idle fragments and
 reports, over the pairs of nodes that became idle in the same second (a cohort: one batch job
-ending), the share reclaimed in the same second and within a minute; and, for comparison, how
-well a node's or its rack's past fragment lengths predict its next one (correlation of the logs,
-using only fragments that had ended before the new one began).
+ending), the share reclaimed in the same second and within a minute; where, in machine order, the
+reclaims that take part of a cohort take it (core.reclaim_order's learner run over the whole
+trace); and, for comparison, how well a node's or its rack's past fragment lengths predict its
+next one (correlation of the logs, using only fragments that had ended before the new one began).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from core.model import rack_of
+from core.reclaim_order import ReclaimOrder
 from core.sources.trace import read_transitions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +56,27 @@ def together(frags: list[tuple[str, float, float]], within: float) -> float:
     return same / pairs if pairs else float("nan")
 
 
+def reclaim_order(path: Path) -> ReclaimOrder:
+    """The learner placement uses, fed every moment of the trace: which end of a cohort its
+    reclaims take first."""
+    order = ReclaimOrder()
+    idle: dict[str, float] = {}
+    gone: dict[str, float] = {}
+    at = None
+    for t, node, is_idle, _ in read_transitions(path):
+        if t != at:
+            if gone:
+                order.taken(gone, idle)
+            gone, at = {}, t
+        if is_idle:
+            idle.setdefault(node, t)
+        elif node in idle:
+            gone[node] = idle.pop(node)
+    if gone:
+        order.taken(gone, idle)
+    return order
+
+
 def history_correlation(frags: list[tuple[str, float, float]], key) -> float:
     """Correlation of log(next fragment length) with log(median of the last 20 that ended for the
     same key before it began)."""
@@ -82,12 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     out = {"fragments": len(frags),
            "cohort_pairs_same_second": round(together(frags, 0.0), 4),
            "cohort_pairs_within_60s": round(together(frags, 60.0), 4),
+           "partial_reclaims": 0, "partial_reclaim_position": None, "order_direction": 0,
            "corr_node_history": round(history_correlation(frags, lambda n: n), 4),
            "corr_rack_history": round(history_correlation(frags, rack_of), 4)}
+    order = reclaim_order(args.trace)
+    out.update(partial_reclaims=order.count, order_direction=order.direction,
+               partial_reclaim_position=None if not order.count else round(order.mean, 4))
     print(f"{args.trace.name}: {out['fragments']:,} idle fragments that ended")
     rows = [("pairs of nodes freed in the same second, reclaimed in the same second",
              f"{out['cohort_pairs_same_second']:.1%}"),
             ("pairs of nodes freed in the same second, reclaimed within 60 s", f"{out['cohort_pairs_within_60s']:.1%}"),
+            (f"where {order.count:,} reclaims that took part of a cohort took it (0 first node, 1 last)",
+             "–" if not order.count else f"{order.mean:.3f}"),
             ("correlation of a fragment's log length with its node's past ones", f"{out['corr_node_history']:.3f}"),
             ("correlation of a fragment's log length with its rack's past ones", f"{out['corr_rack_history']:.3f}")]
     w = max(len(k) for k, _ in rows)

@@ -61,7 +61,8 @@ def allocate(problem: Problem, policy: Union[str, SizePolicy] = "milp", solver: 
         decision = pol.choose(sp)
         check_sizes(sp, decision.sizes)
         sizes, status, used_solver = decision.sizes, decision.status, decision.solver
-    assignment = place(problem.jobs, sizes, problem.nodes, problem.expect, problem.since) if problem.jobs else {}
+    assignment = (place(problem.jobs, sizes, problem.nodes, problem.expect, problem.since, problem.order)
+                  if problem.jobs else {})
     objective = objective_value(tables, sizes)
     ms = (time.perf_counter() - t0) * 1000.0
     return Plan(status, objective, ms, assignment,

@@ -30,6 +30,7 @@ from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
+from .reclaim_order import ReclaimOrder
 from .slots import Slots
 from .snapshot import BUSY, HELD, IDLE, Snapshot
 from .store import Batch, Store, StoreWriteError, job_row
@@ -130,6 +131,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
+        self.reclaim_order = ReclaimOrder()        # which end of a cohort the main scheduler takes first
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
                                         else FALLBACK_S, 0, 0, math.nan, math.nan, False)
         #: replay reference only (core.clairvoyant): (idle nodes, now) -> true remaining idle s,
@@ -222,13 +224,14 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             self.counters.events += len(batch)
             changed = force
             lost: dict[str, list[str]] = {}
+            gone: dict[str, float] = {}
             by_kind = self.counters.by_kind
             for ev in batch:
                 self._log(ev)
                 by_kind[ev.kind.value] = by_kind.get(ev.kind.value, 0) + 1
                 kind = ev.kind
                 if kind is EventKind.NODE_LEAVE:
-                    changed |= self._leave(ev.node, lost)
+                    changed |= self._leave(ev.node, lost, gone)
                 elif kind in (EventKind.JOB_DONE, EventKind.JOB_FAILED, EventKind.JOB_CANCEL):
                     if lost:
                         self._vacate(lost, now)
@@ -249,6 +252,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                     changed = True
             if lost:
                 self._vacate(lost, now)
+            if gone:
+                self.reclaim_order.taken(gone, self.idle)
             measured = self.advice.learn(samples, self._batch, self.counters)
             changed |= self.advice.take_news()
             expect = self._learn_horizon(now)
@@ -318,9 +323,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             self.counters.used_node_s += len(self.owner) * dt
         self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
 
-    def _leave(self, node: Optional[str], lost: dict[str, list[str]]) -> bool:
+    def _leave(self, node: Optional[str], lost: dict[str, list[str]], gone: dict[str, float]) -> bool:
         if node is None or node not in self.idle:
             return False
+        gone[node] = self.idle[node]
         if self.horizon_learner is not None:
             self.horizon_learner.ended(self.clock.now() - self.idle[node])
         del self.idle[node]
@@ -488,7 +494,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can
             reqs[i] = replace(reqs[i], bonus=PROBE_BONUS)
         h = self.horizon
-        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, self.idle)
+        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, self.idle,
+                          self.reclaim_order.direction)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced or lane:          # the objective reported is the throughput one, without the bonuses
             plan.objective -= PROBE_BONUS * (sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
@@ -560,6 +567,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             self._batch.meta["counters"] = asdict(self.counters)
             if self.horizon_learner is not None:
                 self._batch.meta["horizon"] = self.horizon_learner.state()
+            self._batch.meta["reclaim_order"] = self.reclaim_order.state()
             if extra_meta:
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()
@@ -667,7 +675,7 @@ def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dic
               "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "visitor_slots": cfg.visitor_slots,
               "dispatcher": ctl.dispatcher.name,
               "jpa": advisor is not None, "runs_workers": ctl.dispatcher.takes_reports,
-              "horizon": ctl.horizon.to_dict()}
+              "horizon": ctl.horizon.to_dict(), "reclaim_order": ctl.reclaim_order.to_dict()}
     if advisor is not None:
         kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
     info = tuple(node_info.get(n, "") for n in names) if node_info else ()

@@ -210,3 +210,12 @@ def rack_of(node: str) -> str:
     """Summit-style rack of a node name (`a02n07` -> `a02`); other names are their own rack."""
     m = _RACK.match(node)
     return m.group(1) if m else node
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def node_order(node: str) -> tuple:
+    """The machine's order of node names, numbers compared as numbers (`n2` before `n10`), the
+    order batch schedulers list and pick nodes in."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _DIGITS.split(node) if p)

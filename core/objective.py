@@ -72,6 +72,7 @@ class Problem:
     objective: str = "throughput"
     expect: Optional[Mapping[str, float]] = None  # node -> expected remaining idle s (placement)
     since: Optional[Mapping[str, float]] = None   # node -> when it became idle (placement's cohorts)
+    order: int = 0       # which end of a cohort the main scheduler takes first (core.reclaim_order)
 
     @property
     def capacity(self) -> int:

@@ -51,6 +51,9 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     for job, _ in rows:
         if job.state is JobState.QUEUED:
             ctl.enqueue(job)
+    order = store.meta("reclaim_order")
+    if order:
+        ctl.reclaim_order.load(order)
     learned = store.meta("horizon")
     if learned and ctl.horizon_learner is not None:
         ctl.horizon_learner.load(learned)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.cohorts import fragments, main, together
+from bench.cohorts import fragments, main, reclaim_order, together
 
 
 def test_cohort_statistics_on_a_known_trace(tmp_path, capsys):
@@ -21,5 +21,8 @@ def test_cohort_statistics_on_a_known_trace(tmp_path, capsys):
     assert together(frags, 0.0) == 2 / 6           # of the 6 ordered pairs, n01-n02 both ways
     assert together(frags, 60.0) == 1.0
     assert math.isnan(together(frags[3:], 0.0))   # no cohort of two
-    assert main(["--trace", str(trace)]) == 0
-    assert "33.3%" in capsys.readouterr().out
+    order = reclaim_order(trace)            # n01 and n02 of n01..n03: positions 0 and 0.5
+    assert order.count == 1 and order.mean == 0.25 and order.direction == 0    # one reclaim says little
+    assert main(["--trace", str(trace), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "33.3%" in out and '"partial_reclaims": 1, "partial_reclaim_position": 0.25' in out

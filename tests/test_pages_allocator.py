@@ -31,7 +31,9 @@ def test_the_learned_horizon_comes_from_a_real_controller():
     ctl.step()
     text = horizon_text(ctl.snapshot("running", 1).config)
     assert text == ("Horizon: learned (--tfwd auto); 10 s until 5 allocations have changed (0 so far). "
-                    "Placement: 0 idle fragments ended, 8 nodes idle now.")
+                    "Placement: 0 idle fragments ended, 8 nodes idle now. The main scheduler's order within a "
+                    "cohort is not known yet (no reclaim has taken part of a cohort yet), so jobs fill from its "
+                    "first node.")
     for k in range(1, 6):
         clock.advance_to(t0 + 300 * k)
         ctl.step([Event(t0 + 300 * k, EventKind.NODE_LEAVE, node=ctl.held["J"][0])])
@@ -51,4 +53,23 @@ def test_what_the_learned_horizon_says():
     assert horizon_text(config) == (
         "Horizon: learned (--tfwd auto), 71 s: the median time a job's allocation stands before it changes, "
         "from 3,012 that changed and 10 standing now (censored). Placement: 115,181 idle fragments ended, "
-        "483 nodes idle now; median fragment 453 s, an idle node expected to stay 1,371 s.")
+        "483 nodes idle now; median fragment 453 s, an idle node expected to stay 1,371 s. The main scheduler's "
+        "order within a cohort is not known yet (no reclaim has taken part of a cohort yet), so jobs fill from its "
+        "first node.")
+
+
+def test_what_the_learned_order_says():
+    """Which end of a cohort placement fills from, in the scheduler's order learned so far."""
+    fixed = {"tfwd": 60.0, "horizon": {"tfwd": 60.0, "learned": False}}
+    first = {**fixed, "reclaim_order": {"direction": 1, "reclaims": 9469, "mean_position": 0.25}}
+    assert horizon_text(first).endswith(
+        "The main scheduler takes a cohort's first nodes first (9,469 reclaims took part of a cohort, the nodes "
+        "taken at 0.25 of it on average; 0 is its first node, 1 its last), so jobs fill from its last node.")
+    last = {**fixed, "reclaim_order": {"direction": -1, "reclaims": 40, "mean_position": 0.8}}
+    assert horizon_text(last).endswith("takes a cohort's last nodes first (40 reclaims took part of a cohort, the "
+                                       "nodes taken at 0.80 of it on average; 0 is its first node, 1 its last), so "
+                                       "jobs fill from its first node.")
+    unsure = {**fixed, "reclaim_order": {"direction": 0, "reclaims": 7, "mean_position": 0.3}}
+    assert horizon_text(unsure).endswith(
+        "not known yet (7 reclaims took part of a cohort, the nodes taken at 0.30 of it on average), so jobs fill "
+        "from its first node.")

@@ -49,8 +49,27 @@ def layout(**_):
     ])
 
 
+def order_text(config: dict) -> str:
+    """Which end of a cohort placement fills jobs from, and what it learned that from."""
+    o = config.get("reclaim_order") or {}
+    n, mean, direction = o.get("reclaims", 0), o.get("mean_position"), o.get("direction", 0)
+    if not n or mean is None:
+        seen = "no reclaim has taken part of a cohort yet"
+    else:
+        seen = f"{n:,} reclaims took part of a cohort, the nodes taken at {mean:.2f} of it on average"
+    if direction == 0:
+        return f" The main scheduler's order within a cohort is not known yet ({seen}), so jobs fill from its first node."
+    ends = ("first", "last") if direction > 0 else ("last", "first")
+    return (f" The main scheduler takes a cohort's {ends[0]} nodes first ({seen}; 0 is its first node, 1 its "
+            f"last), so jobs fill from its {ends[1]} node.")
+
+
 def horizon_text(config: dict) -> str:
     """What the allocator looks ahead with, and (tfwd auto) what it learned that from."""
+    return _horizon_text(config) + order_text(config)
+
+
+def _horizon_text(config: dict) -> str:
     tfwd = config.get("tfwd", 10.0)
     h = config.get("horizon") or {}
     if not isinstance(tfwd, str):
