@@ -25,7 +25,7 @@ Within a group, nodes are taken in machine order, from the end the main schedule
 last when that is known (`order`, learned by core.reclaim_order: Summit's takes a cohort's
 first-named nodes first, so jobs fill from its last), from the first node otherwise. What is left
 free of a cohort is then what its next reclaim takes: on the Summit windows that raised `auto`
-from 96.66 to 96.90 % and from 96.92 to 97.12 % of the rescale-free bound (README).
+from 96.66 to 96.82 % and from 96.92 to 97.14 % of the rescale-free bound (README).
 
 With racks a growing job keeps all of its nodes and takes free ones: expected idle time first,
 compared by powers of two (a 400 s and a 500 s node are alike, a 400 s and a 4,000 s one are
