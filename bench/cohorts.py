@@ -102,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     frags = fragments(args.trace)
+    order = reclaim_order(args.trace)
     out = {"fragments": len(frags),
            "cohort_pairs_same_second": round(together(frags, 0.0), 4),
            "cohort_pairs_within_60s": round(together(frags, 60.0), 4),
-           "partial_reclaims": 0, "partial_reclaim_position": None, "order_direction": 0,
+           "partial_reclaims": order.count,
+           "partial_reclaim_position": None if not order.count else round(order.mean, 4),
+           "order_direction": order.direction,
            "corr_node_history": round(history_correlation(frags, lambda n: n), 4),
            "corr_rack_history": round(history_correlation(frags, rack_of), 4)}
-    order = reclaim_order(args.trace)
-    out.update(partial_reclaims=order.count, order_direction=order.direction,
-               partial_reclaim_position=None if not order.count else round(order.mean, 4))
     print(f"{args.trace.name}: {out['fragments']:,} idle fragments that ended")
     rows = [("pairs of nodes freed in the same second, reclaimed in the same second",
              f"{out['cohort_pairs_same_second']:.1%}"),
