@@ -6,7 +6,8 @@ Reads an idle/busy trace (default: the shipped Summit one), cuts it into idle fr
 reports, over the pairs of nodes that became idle in the same second (a cohort: one batch job
 ending), the share reclaimed in the same second and within a minute; where, in machine order, the
 reclaims that take part of a cohort take it (core.reclaim_order's learner run over the whole
-trace); and, for comparison, how well a node's or its rack's past fragment lengths predict its
+trace); how often a reclaim took exactly the first idle nodes of the whole machine in name order
+(first fit: what a scheduler filling from its first free node does); and, for comparison, how well a node's or its rack's past fragment lengths predict its
 next one (correlation of the logs, using only fragments that had ended before the new one began).
 """
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from core.model import rack_of
+from core.model import node_order, rack_of
 from core.reclaim_order import ReclaimOrder
 from core.sources.trace import read_transitions
 
@@ -77,6 +79,45 @@ def reclaim_order(path: Path) -> ReclaimOrder:
     return order
 
 
+def first_fit(path: Path) -> dict:
+    """Of the reclaims that left something idle, those that took exactly the first k idle nodes
+    of the machine in name order, and the nodes they took; `expected` is how many would if the
+    scheduler picked its k nodes at random (the sum of 1 / C(idle, k))."""
+    idle: list[tuple[tuple, str]] = []      # idle nodes, sorted by node_order
+    since: set[str] = set()
+    gone: list[str] = []
+    at = None
+    out = {"reclaims": 0, "nodes": 0, "first_fit": 0, "first_fit_nodes": 0, "first_fit_under_half": 0,
+           "expected": 0.0}
+
+    def close() -> None:
+        k, n = len(gone), len(idle)
+        if 0 < k < n:
+            out["reclaims"] += 1
+            out["nodes"] += k
+            out["expected"] += math.exp(math.lgamma(k + 1) + math.lgamma(n - k + 1) - math.lgamma(n + 1))
+            if {x for _, x in idle[:k]} == set(gone):
+                out["first_fit"] += 1
+                out["first_fit_nodes"] += k
+                out["first_fit_under_half"] += 2 * k < n
+        for x in gone:
+            del idle[bisect.bisect_left(idle, (node_order(x), x))]
+            since.discard(x)
+    for t, node, is_idle, _ in read_transitions(path):
+        if t != at:
+            close()
+            gone, at = [], t
+        if is_idle:
+            if node not in since:
+                since.add(node)
+                bisect.insort(idle, (node_order(node), node))
+        elif node in since and node not in gone:
+            gone.append(node)
+    close()
+    out["expected"] = round(out["expected"], 1)
+    return out
+
+
 def history_correlation(frags: list[tuple[str, float, float]], key) -> float:
     """Correlation of log(next fragment length) with log(median of the last 20 that ended for the
     same key before it began)."""
@@ -103,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     frags = fragments(args.trace)
     order = reclaim_order(args.trace)
+    fit = first_fit(args.trace)
     out = {"fragments": len(frags),
            "cohort_pairs_same_second": round(together(frags, 0.0), 4),
            "cohort_pairs_within_60s": round(together(frags, 60.0), 4),
            "partial_reclaims": order.count,
            "partial_reclaim_position": None if not order.count else round(order.mean, 4),
            "order_direction": order.direction,
+           "first_fit": fit,
            "corr_node_history": round(history_correlation(frags, lambda n: n), 4),
            "corr_rack_history": round(history_correlation(frags, rack_of), 4)}
     print(f"{args.trace.name}: {out['fragments']:,} idle fragments that ended")
@@ -117,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             ("pairs of nodes freed in the same second, reclaimed within 60 s", f"{out['cohort_pairs_within_60s']:.1%}"),
             (f"where {order.count:,} reclaims that took part of a cohort took it (0 first node, 1 last)",
              "–" if not order.count else f"{order.mean:.3f}"),
+            (f"reclaims that took exactly the first idle nodes in name order, of {fit['reclaims']:,}",
+             f"{fit['first_fit']:,}"),
+            ("  the same if the scheduler picked at random", f"{fit['expected']:,.1f}"),
+            ("  of them, ones that left over half of what was idle", f"{fit['first_fit_under_half']:,}"),
+            ("  share of the reclaimed nodes they took",
+             "–" if not fit["nodes"] else f"{fit['first_fit_nodes'] / fit['nodes']:.1%}"),
             ("correlation of a fragment's log length with its node's past ones", f"{out['corr_node_history']:.3f}"),
             ("correlation of a fragment's log length with its rack's past ones", f"{out['corr_rack_history']:.3f}")]
     w = max(len(k) for k, _ in rows)

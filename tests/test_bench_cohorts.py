@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.cohorts import fragments, main, reclaim_order, together
+from bench.cohorts import first_fit, fragments, main, reclaim_order, together
 
 
 def test_cohort_statistics_on_a_known_trace(tmp_path, capsys):
@@ -26,3 +26,21 @@ def test_cohort_statistics_on_a_known_trace(tmp_path, capsys):
     assert main(["--trace", str(trace), "--json"]) == 0
     out = capsys.readouterr().out
     assert "33.3%" in out and '"partial_reclaims": 1, "partial_reclaim_position": 0.25' in out
+
+
+def test_first_fit_counts_reclaims_of_the_first_idle_nodes_in_name_order(tmp_path, capsys):
+    # name order is natural: a01n1 < a01n2 < a01n3 < a01n10 < b01n1 (a plain string sort would
+    # put a01n10 second, and the reclaim at 00:20 would not be the first two)
+    trace = tmp_path / "t.csv"
+    idle = "".join(f"2021-02-10T00:00:00Z,{n},idle\n" for n in ("b01n1", "a01n10", "a01n2", "a01n1", "a01n3"))
+    trace.write_text("time,node,state\n" + idle +
+                     "2021-02-10T00:10:00Z,a01n1,busy\n"                          # first of 5: first fit
+                     "2021-02-10T00:20:00Z,a01n3,busy\n2021-02-10T00:20:00Z,a01n2,busy\n"   # first 2 of 4
+                     "2021-02-10T00:30:00Z,b01n1,busy\n"                          # last of 2: not
+                     "2021-02-10T00:40:00Z,a01n10,busy\n")                        # all that was idle
+    fit = first_fit(trace)
+    assert fit == {"reclaims": 3, "nodes": 4, "first_fit": 2, "first_fit_nodes": 3, "first_fit_under_half": 1,
+                   "expected": round(1 / 5 + 1 / 6 + 1 / 2, 1)}
+    assert main(["--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "in name order, of 3" in out and "75.0%" in out
