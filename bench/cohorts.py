@@ -84,8 +84,8 @@ def first_fit(path: Path) -> dict:
     of the machine in name order, and the nodes they took; `expected` is how many would if the
     scheduler picked its k nodes at random (the sum of 1 / C(idle, k))."""
     idle: list[tuple[tuple, str]] = []      # idle nodes, sorted by node_order
-    since: set[str] = set()
-    gone: list[str] = []
+    is_idle_now: set[str] = set()
+    gone: set[str] = set()
     at = None
     out = {"reclaims": 0, "nodes": 0, "first_fit": 0, "first_fit_nodes": 0, "first_fit_under_half": 0,
            "expected": 0.0}
@@ -96,23 +96,23 @@ def first_fit(path: Path) -> dict:
             out["reclaims"] += 1
             out["nodes"] += k
             out["expected"] += math.exp(math.lgamma(k + 1) + math.lgamma(n - k + 1) - math.lgamma(n + 1))
-            if {x for _, x in idle[:k]} == set(gone):
+            if {x for _, x in idle[:k]} == gone:
                 out["first_fit"] += 1
                 out["first_fit_nodes"] += k
                 out["first_fit_under_half"] += 2 * k < n
         for x in gone:
             del idle[bisect.bisect_left(idle, (node_order(x), x))]
-            since.discard(x)
+            is_idle_now.discard(x)
     for t, node, is_idle, _ in read_transitions(path):
         if t != at:
             close()
-            gone, at = [], t
+            gone, at = set(), t
         if is_idle:
-            if node not in since:
-                since.add(node)
+            if node not in is_idle_now:
+                is_idle_now.add(node)
                 bisect.insort(idle, (node_order(node), node))
-        elif node in since and node not in gone:
-            gone.append(node)
+        elif node in is_idle_now:
+            gone.add(node)
     close()
     out["expected"] = round(out["expected"], 1)
     return out
