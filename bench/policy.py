@@ -3,7 +3,9 @@ milp at several fixed T_fwd, of even, greedy and milp with the learned horizon (
 each as a fraction of the rescale-free bound: the same replay (same trace window, job set, queue
 and curves) with every scale_up_seconds / scale_down_seconds set to 0. One more row is a reference,
 not a policy: `clairvoyant` is `auto` with placement told when the trace really takes each node
-back (core.clairvoyant), the most any prediction of idle time could give placement.
+back (core.clairvoyant), the most any prediction of idle time could give placement. Another,
+`clairvoyant-groups`, also groups the nodes the trace takes back together (not the nodes freed
+together): the most any prediction of which nodes share fate could give.
 
     python -m bench.policy [--json] [--start ISO --hours H] [--jobs CSV] [--max-jobs N]
                            [--parallel P] [--only NAME,NAME] [--repeat K --step MIN]
@@ -43,8 +45,10 @@ VARIANTS: dict[str, list[str]] = {
     "even": ["--policy", "even", "--tfwd", "10"],
     "greedy": ["--policy", "greedy", "--tfwd", "10"],
     "auto": ["--policy", "milp", "--tfwd", "auto"],
-    # a reference, not a policy: auto with placement told when each node is really taken back
+    # references, not policies: auto with placement told when each node is really taken back,
+    # and also grouping the nodes that are taken back together (core.clairvoyant)
     "clairvoyant": ["--policy", "milp", "--tfwd", "auto", "--clairvoyant"],
+    "clairvoyant-groups": ["--policy", "milp", "--tfwd", "auto", "--clairvoyant", "groups"],
 }
 
 

@@ -4,7 +4,10 @@ Placement ranks free nodes by how long they are expected to stay idle (core.hori
 from the fragments seen so far). How much better could it do with a perfect prediction? A replay
 with `--clairvoyant` gives placement the moment the main scheduler really takes each node back,
 so `bench.policy` can set the learned placement against the best any predictor of idle time could
-reach. It reads events a live harvester cannot have: a replay-only reference, never a policy.
+reach. With `--clairvoyant groups` placement is also told which nodes go back *together*: its
+groups are the nodes the trace takes back at the same moment instead of the nodes freed at the
+same moment (cohorts), the most any prediction of which nodes share fate could give. Both read
+events a live harvester cannot have: replay-only references, never a policy.
 """
 from __future__ import annotations
 
@@ -34,12 +37,17 @@ class Clairvoyant:
                 reclaims.setdefault(node, []).append(t)
         return cls(reclaims, end)
 
-    def remaining(self, nodes: Sequence[str], now: float) -> dict[str, float]:
-        """Seconds until each node next goes busy after `now`; a node the window never takes back
-        stays idle at least to its end."""
+    def taken_at(self, nodes: Sequence[str], now: float) -> dict[str, float]:
+        """The moment the trace next takes each node back after `now` (the window's end for one
+        it never does): nodes with the same moment go back in one reclaim."""
         out = {}
         for n in nodes:
             times = self._at.get(n, ())
             i = bisect.bisect_right(times, now)
-            out[n] = (times[i] if i < len(times) else max(self.end, now)) - now
+            out[n] = times[i] if i < len(times) else max(self.end, now)
         return out
+
+    def remaining(self, nodes: Sequence[str], now: float) -> dict[str, float]:
+        """Seconds until each node next goes busy after `now`; a node the window never takes back
+        stays idle at least to its end."""
+        return {n: t - now for n, t in self.taken_at(nodes, now).items()}

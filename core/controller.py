@@ -137,6 +137,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         #: replay reference only (core.clairvoyant): (idle nodes, now) -> true remaining idle s,
         #: given to placement in place of the learned expectation
         self.clairvoyant: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
+        #: replay reference only: (idle nodes, now) -> the moment the trace takes each back, given
+        #: to placement in place of the moment each became idle, so its groups are the nodes that
+        #: go back together rather than the nodes freed together
+        self.clairvoyant_groups: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
 
     # ---- inputs ---------------------------------------------------------------------------
     def start(self, idle: Sequence[str]) -> None:
@@ -494,7 +498,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can
             reqs[i] = replace(reqs[i], bonus=PROBE_BONUS)
         h = self.horizon
-        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, self.idle,
+        since = self.idle if self.clairvoyant_groups is None else self.clairvoyant_groups(list(self.idle), now)
+        problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, since,
                           self.reclaim_order.direction)
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced or lane:          # the objective reported is the throughput one, without the bonuses

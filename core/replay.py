@@ -46,6 +46,9 @@ DEFAULT_NODE_LIST = DATA / "summit-nodes.txt"
 #: what the allocator is told about each job's curve: the job set's measured curve (an oracle),
 #: a straight line through its 1-node rate (the usual user guess), or nothing (JPA learns it)
 CURVES = ("given", "linear", "learned")
+#: references, not policies (core.clairvoyant): placement is told when the trace takes each node
+#: back ("times"), and also groups the nodes it takes back together ("groups"); "" is off
+CLAIRVOYANCE = ("", "times", "groups")
 #: Summit: 6 NVIDIA V100 per node; the shipped trace's nodes are held with all six
 SUMMIT_GPUS_PER_NODE = 6
 TIMING_KEYS = ("wall_s", "solver_ms_p50", "solver_ms_p95", "solver_ms_max", "peak_rss_mb")
@@ -68,12 +71,17 @@ class ReplaySettings:
     seed: int = 0                 # learned: measurement noise seed
     groups: bool = True           # learned: jobs of one name inform each other's priors
     gpus_per_node: Optional[int] = None  # GPUs a held node brings; None: 6 for the Summit trace, else 1
-    clairvoyant: bool = False     # placement knows when each node is taken back (a reference, core.clairvoyant)
+    clairvoyant: str = ""         # a reference, not a policy: "times" or "groups" (CLAIRVOYANCE)
 
     def __post_init__(self) -> None:
         """Every replay setting is checked here, once, whoever builds the settings."""
         self.trace, self.jobs = Path(self.trace), Path(self.jobs)
         self.node_list = Path(self.node_list) if self.node_list else None
+        if isinstance(self.clairvoyant, bool) or self.clairvoyant is None:
+            self.clairvoyant = "times" if self.clairvoyant else ""   # runs stored when it was on/off
+        if self.clairvoyant not in CLAIRVOYANCE:
+            raise SettingsError("clairvoyant", f"unknown clairvoyance {self.clairvoyant!r}; choose "
+                                               f"{' or '.join(repr(c) for c in CLAIRVOYANCE if c)}")
         if self.curves not in CURVES:
             raise SettingsError("curves", f"unknown curves {self.curves!r}; choose one of {', '.join(CURVES)}")
         if self.nodes is not None and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int)
@@ -122,7 +130,7 @@ class ReplaySettings:
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
                    key.get("curves", "given"), key.get("noise", 0.03), key.get("sample_every", 30.0),
                    key.get("seed", 0), key.get("groups", True), key.get("gpus_per_node"),
-                   key.get("clairvoyant", False))
+                   key.get("clairvoyant", ""))
 
 
 def _number(v) -> bool:
@@ -244,8 +252,10 @@ class Replay:
             self.controller.start(self.source.initial_idle())
             self.arrivals = [j for j in self.jobset if j.submit_time < self.end]
         if settings.clairvoyant:
-            self.controller.clairvoyant = Clairvoyant.from_trace(settings.trace, self.all_nodes,
-                                                                 self.start, self.end).remaining
+            seer = Clairvoyant.from_trace(settings.trace, self.all_nodes, self.start, self.end)
+            self.controller.clairvoyant = seer.remaining
+            if settings.clairvoyant == "groups":
+                self.controller.clairvoyant_groups = seer.taken_at
         self.arrivals.sort(key=lambda j: j.submit_time)
         self.wall_s = 0.0
         self._batches: Optional[Iterator] = None
@@ -435,9 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--curves learned: learn each job alone (no priors from jobs of the same name)")
     ap.add_argument("--gpus-per-node", type=int,
                     help="GPUs each node brings (default: 6 for the Summit trace, else 1); counted, never allocated")
-    ap.add_argument("--clairvoyant", action="store_true",
+    ap.add_argument("--clairvoyant", nargs="?", const="times", default="", choices=[c for c in CLAIRVOYANCE if c],
                     help="a reference, not a policy: placement is told when the trace takes each node "
-                         "back (bench.policy sets learned placement against it)")
+                         "back (times, the default), and with groups also keeps together the nodes it "
+                         "takes back together (bench.policy sets learned placement against both)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="MILP solver time limit, seconds")
     ap.add_argument("--db", type=Path, help="SQLite store to record the run in")
     ap.add_argument("--resume", action="store_true", help="continue the run recorded in --db")
