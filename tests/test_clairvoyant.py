@@ -15,6 +15,13 @@ from tests.support.files import write_jobset, write_trace
 T0 = parse_iso("2021-02-10T00:00:00Z")
 
 
+def _replay(trace, jobs, clairvoyant: bool | str) -> tuple[dict, Replay]:
+    """One hour of `trace` with `auto`, and the replay (its controller shows where jobs ended)."""
+    replay = Replay(ReplaySettings(trace=trace, jobs=jobs, hours=1, config=ControllerConfig(tfwd="auto"),
+                                   clairvoyant=clairvoyant))
+    return replay.run(), replay
+
+
 def test_remaining_is_the_next_reclaim_inside_the_window(tmp_path):
     trace = write_trace(tmp_path / "t.csv", [
         ("2021-02-10T00:00:00Z", "a", "idle"), ("2021-02-10T00:00:00Z", "b", "idle"),
@@ -40,14 +47,8 @@ def test_replay_placement_avoids_the_node_the_trace_takes_back(tmp_path):
         ("2021-02-10T00:10:00Z", "r00n00", "busy")])
     jobs = write_jobset(tmp_path / "jobs.csv", ["A,alex,2021-02-10T00:01:00Z,1,1,2000000,18,12,1,100"])
 
-    def run(clairvoyant: bool | str) -> tuple[dict, Replay]:
-        settings = ReplaySettings(trace=trace, jobs=jobs, hours=1, config=ControllerConfig(tfwd="auto"),
-                                  clairvoyant=clairvoyant)
-        replay = Replay(settings)
-        return replay.run(), replay
-
-    blind, _ = run(False)
-    seen, replay = run(True)
+    blind, _ = _replay(trace, jobs, False)
+    seen, replay = _replay(trace, jobs, True)
     assert blind["preemptions"] == 1
     assert seen["preemptions"] == 0 and replay.controller.held["A"] == ["r00n01"]
     assert seen["samples"] > blind["samples"]      # no pause for the forced shrink and regrow
@@ -64,14 +65,8 @@ def test_replay_groups_put_a_job_on_nodes_taken_back_together(tmp_path):
         ("2021-02-10T00:10:00Z", "r00n01", "busy"), ("2021-02-10T00:10:00Z", "r00n02", "busy")])
     jobs = write_jobset(tmp_path / "jobs.csv", ["A,alex,2021-02-10T00:01:00Z,2,2,2000000,18,12,1,100"])
 
-    def run(clairvoyant: str) -> tuple[dict, Replay]:
-        settings = ReplaySettings(trace=trace, jobs=jobs, hours=1, config=ControllerConfig(tfwd="auto"),
-                                  clairvoyant=clairvoyant)
-        replay = Replay(settings)
-        return replay.run(), replay
-
-    times, _ = run("times")
-    groups, replay = run("groups")
+    times, _ = _replay(trace, jobs, "times")
+    groups, replay = _replay(trace, jobs, "groups")
     assert times["preemptions"] >= 1
     assert groups["preemptions"] == 0
     assert sorted(replay.controller.held["A"]) == ["r00n00", "r00n03"]
