@@ -27,6 +27,11 @@ first-named nodes first, so jobs fill from its last), from the first node otherw
 free of a cohort is then what its next reclaim takes: on the Summit windows that raised `auto`
 from 96.66 to 96.82 % and from 96.92 to 97.14 % of the rescale-free bound (README).
 
+Growing jobs choose in turn, the one a reclaim would cost most first (its scale-down pause at
+its new throughput, `hit_cost`), so the nodes likely to be reclaimed soonest go to the jobs a
+reclaim costs least: +0.04 points of the bound for `auto`, mean of 24 starts on four windows,
+positive on each window's mean (README). They used to go largest growth first.
+
 With racks a growing job keeps all of its nodes and takes free ones: expected idle time first,
 compared by powers of two (a 400 s and a 500 s node are alike, a 400 s and a 4,000 s one are
 not), then its own racks, then the racks with most free nodes.
@@ -40,7 +45,7 @@ from collections import Counter
 from typing import Callable, Mapping, Optional, Sequence
 
 from .model import node_order, rack_of
-from .objective import JobRequest
+from .objective import JobRequest, effective_rate
 
 Group = Callable[[str], str]
 
@@ -55,6 +60,13 @@ def life_class(expect: Optional[Mapping[str, float]], node: str) -> int:
 def expected_life(expect: Optional[Mapping[str, float]], node: str) -> float:
     """Expected remaining idle seconds, at least 1 (1 for every node without expectations)."""
     return 1.0 if expect is None else max(1.0, expect.get(node, 0.0))
+
+
+def hit_cost(job: JobRequest, n: int) -> float:
+    """Samples a reclaim would cost `job` at n nodes: its scale-down pause at that throughput.
+    Growing jobs choose nodes in descending order of it, so the nodes least likely to be
+    reclaimed go to the jobs a reclaim would cost most."""
+    return job.scale_down_seconds * effective_rate(job, n)
 
 
 def _keep(nodes: Sequence[str], n: int, group: Group, fate: bool,
@@ -97,7 +109,7 @@ def place(jobs: Sequence[JobRequest], sizes: Sequence[int], nodes: Sequence[str]
                 free.extend(x for x in cur if x not in kept_set)
         else:
             growing.append(i)
-    growing.sort(key=lambda i: (-(sizes[i] - jobs[i].current), i))
+    growing.sort(key=lambda i: (-hit_cost(jobs[i], sizes[i]), -(sizes[i] - jobs[i].current), i))
     if fate:
         _trade(jobs, sizes, growing, free, group, expect, assignment, order)
         return assignment

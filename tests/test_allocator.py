@@ -348,6 +348,29 @@ def test_a_growing_job_trades_nodes_only_with_cohorts() -> None:
     assert racks.assignment["G"][:2] == list(young)                          # racks: no trade
 
 
+def test_the_job_a_reclaim_costs_most_chooses_first() -> None:
+    """Growing jobs choose cohorts in descending order of what a reclaim would cost them (their
+    scale-down pause at their new throughput), not of how much they grow: the fast job gets
+    the long-lived cohort, the slow one takes what is left."""
+    fast = JobRequest("F", 1, 2, Curve((1, 8), (1000.0, 8000.0)), scale_down_seconds=10.0,
+                      current_nodes=("c01n01",))
+    slow = JobRequest("S", 1, 4, Curve((1, 8), (100.0, 800.0)), scale_down_seconds=10.0)
+    good = tuple(f"b01n0{i}" for i in range(1, 5))
+    bad = tuple(f"a01n0{i}" for i in range(1, 5))
+    nodes = [*bad, *good, "c01n01"]
+    since = {**{x: 100.0 for x in bad}, **{x: 200.0 for x in good}, "c01n01": 300.0}
+    expect = {**{x: 50.0 for x in bad}, **{x: 5000.0 for x in good}, "c01n01": 10.0}
+    plan = allocate(Problem(nodes, [slow, fast], 100.0, expect=expect, since=since))
+    assert plan.sizes == {"F": 2, "S": 4}
+    assert plan.assignment["F"] == ["b01n01", "b01n02"]            # it grows by one, yet first
+    assert plan.assignment["S"] == ["b01n03", "b01n04", "a01n01", "a01n02"]
+    # a faster job whose reclaim costs nothing (no scale-down pause) goes after F, though it grows more
+    free_hit = allocate(Problem(nodes, [replace(slow, curve=Curve((1, 8), (2000.0, 16000.0)),
+                                                scale_down_seconds=0.0), fast],
+                                100.0, expect=expect, since=since))
+    assert free_hit.assignment["F"] == ["b01n01", "b01n02"]
+
+
 # ---------------------------------------------------------------- other solvers and policies
 
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
