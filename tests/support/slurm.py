@@ -39,7 +39,7 @@ from tests.support.netns import NetnsCluster
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0   # the init's own waits, one restart of the slurmds included
 #: GPUs per node (GRES gpu), as on the nodes of a GPU supercomputer
 GPUS = 2
 

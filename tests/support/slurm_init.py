@@ -124,6 +124,23 @@ class Init:
             return set(self.nodes) <= set(out)
         self.wait(all_idle, READY_WAIT_S, "every slurmd to register idle")
 
+    def start_slurm(self) -> None:
+        """slurmctld, then the slurmds; once more from a clean stop if the slurmds do not register.
+        Seen once in a full suite: munged refused the registrations ("Unauthorized credential")
+        and no slurmd came up in 30 s, where the same module passed when run again."""
+        self.start_ctld()
+        try:
+            self.start_nodes()
+            return
+        except TimeoutError as e:
+            nodes = self.slurm("sinfo", "-h", "-N", "-o", "%N %T").stdout.strip().replace("\n", ", ")
+            print(f"# {e} (nodes: {nodes or 'none'}); restarting slurmctld and the slurmds",
+                  file=sys.stderr, flush=True)
+        self.stop([n for n in self.pids if n.startswith("slurmd-")])
+        self.stop(["slurmctld"])
+        self.start_ctld()
+        self.start_nodes()
+
     # ---- shutdown ---------------------------------------------------------------------------
     def stepds(self) -> list[int]:
         return [pid for pid, comm in processes() if comm.startswith("slurmstepd")]
@@ -200,8 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     init = Init(Path(argv[0]), argv[1].split(","))
     try:
         init.start_munge()
-        init.start_ctld()
-        init.start_nodes()
+        init.start_slurm()
     except (RuntimeError, TimeoutError, OSError) as e:
         say(f"error {e}")
         init.quit()
