@@ -53,6 +53,7 @@ JOB_CANCEL_CONFIRM = "job-cancel-confirm"     # asks before the job is cancelled
 # allocator page
 SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"
 HORIZON = "horizon"
+OBJECTIVE_HINT = "objective-hint"   # what the solver runs' objective is, in its unit
 
 # replay page
 RP_START, RP_HOURS, RP_NODES, RP_RACKS, RP_JOBSET = (

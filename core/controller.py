@@ -489,7 +489,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                expect: Optional[dict[str, float]] = None) -> None:
         jobs = [self.jobs[j] for j in self.running]
         reqs = [self.advice.request(j, self.held.get(j.id, ())) for j in jobs]
-        if self.horizon.jobs:
+        if self.config.learns_horizon:   # samples/s net of amortised pauses, the fallback's too: one unit a run
             reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
         reqs = [replace(r, paused_s=self.rescaling_until[r.id] - now) if self.rescaling_until.get(r.id, now) > now
                 else r for r in reqs]

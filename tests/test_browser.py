@@ -350,6 +350,8 @@ def test_screenshots_of_every_page(server, anon, alice, api_job):
                          " && document.querySelector('#solve-hist .js-plotly-plot')?.data?.[0]?.x?.length > 0",
                          timeout=15_000)
     assert pa.inner_text("#horizon").startswith("Horizon: learned (--tfwd auto)")   # the default
+    assert pa.inner_text("#objective-hint").startswith("Objective (samples/s): ")    # auto's unit, named
+    assert pa.inner_text("#solver-runs tbody tr:nth-child(2) td[data-dash-column=objective]").endswith(" samples/s")
     shoot(pa, "allocator")
 
     pa.goto(server.url + "/replay")

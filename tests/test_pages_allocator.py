@@ -1,7 +1,9 @@
-"""The allocator page (app/pages/allocator.py): the horizon in use and what it was learned from."""
+"""The allocator page (app/pages/allocator.py): the horizon in use and what it was learned from,
+and the unit of the solver runs' objective."""
 from __future__ import annotations
 
 import dash
+import pytest
 
 from core.clock import SimClock
 from core.controller import Controller, ControllerConfig
@@ -11,12 +13,34 @@ from tests.support.files import ROOT
 from tests.support.sim import job
 
 dash.Dash(__name__, use_pages=True, pages_folder=str(ROOT / "app" / "pages"))
-from app.pages.allocator import horizon_text  # noqa: E402  (a page registers itself on import)
+from app.pages.allocator import horizon_text, objective_text  # noqa: E402  (a page registers itself on import)
 
 
 def test_a_fixed_tfwd_says_so():
     assert horizon_text({"tfwd": 60.0, "horizon": {"tfwd": 60.0, "learned": False}}).startswith(
         "Horizon: T_fwd 60 s, fixed")
+
+
+@pytest.mark.parametrize("tfwd, unit, value", [("auto", "samples/s", 650.0), (60.0, "samples", 60 * 650.0)])
+def test_the_objective_is_named_in_the_unit_the_controller_computes_it_in(tfwd, unit, value):
+    """One job starting on 8 idle nodes (a start pays no pause): under --tfwd auto the objective
+    is its throughput in samples/s, with a fixed T_fwd the samples it trains over T_fwd."""
+    nodes = [f"a01n{i:02d}" for i in range(1, 9)]
+    ctl = Controller(SimulatedDispatcher(), SimClock(1_700_000_000.0), ControllerConfig(tfwd=tfwd), None, nodes)
+    ctl.start(nodes)
+    ctl.submit(job("J", hi=8, curve=((1, 2, 4, 8), (100.0, 190.0, 350.0, 650.0))))
+    ctl.step()
+    assert ctl.last_plan.sizes == {"J": 8} and ctl.last_plan.objective == pytest.approx(value)
+    shown, hint = objective_text(ctl.snapshot("running", 1).config)
+    assert shown == unit and hint.startswith(f"Objective ({unit}): ")
+    assert ("horizon" in hint) == (tfwd == "auto") and ("T_fwd" in hint) == (tfwd != "auto")
+
+
+def test_a_weighted_objective_says_so():
+    unit, hint = objective_text({"tfwd": "auto", "objective": "priority"})
+    assert unit == "weighted samples/s" and "weighted by its priority" in hint
+    unit, hint = objective_text({"tfwd": 10.0, "objective": "efficiency"})
+    assert unit == "weighted samples" and "throughput on one node" in hint
 
 
 def test_the_learned_horizon_comes_from_a_real_controller():

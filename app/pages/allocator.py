@@ -15,9 +15,8 @@ from core.horizon import MIN_STANDS
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
 
 EVENTS_PAGE = 25
-OBJECTIVE = ("the samples the chosen sizes would train over the next T_fwd seconds, less the samples "
-             "lost to the grow and shrink pauses they cause (it is negative when rescaling costs more "
-             "than T_fwd gains; weighted by priority under the priority objective)")
+WEIGHTS = {"priority": "; each job's term weighted by its priority",
+           "efficiency": "; each job's term divided by its throughput on one node"}
 _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 
 
@@ -38,15 +37,29 @@ def layout(**_):
         html.H3("Solver runs"),
         dash_table.DataTable(id=ids.SOLVER_RUNS, columns=[{"id": c, "name": n} for c, n in (
             ("time", "time"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
-            ("objective", "objective (samples) ⓘ"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
-            data=[], style_cell=_CELL, tooltip_header={"objective": OBJECTIVE}),
-        html.P(["Objective: ", OBJECTIVE], className="hint"),
+            ("objective", "objective ⓘ"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
+            data=[], style_cell=_CELL),
+        html.P(id=ids.OBJECTIVE_HINT, className="hint"),
         html.H3("Event log"),
         dash_table.DataTable(id=ids.EVENT_LOG, columns=[{"id": c, "name": c} for c in
                                                         ("id", "time", "kind", "node", "job", "detail")],
                              data=[], page_current=0, page_size=EVENTS_PAGE, page_action="custom",
                              style_cell=_CELL),
     ])
+
+
+def objective_text(config: dict) -> tuple[str, str]:
+    """The unit of the solver runs' objective and what it is: samples over T_fwd with a fixed
+    horizon, samples per second net of amortised pauses with `--tfwd auto` (core.objective)."""
+    weighted = WEIGHTS.get(config.get("objective", "throughput"), "")
+    unit = "weighted samples" if weighted else "samples"
+    if isinstance(config.get("tfwd", 10.0), str):
+        return f"{unit}/s", (f"Objective ({unit}/s): the throughput the chosen sizes train at, less each grow or "
+                             "shrink pause's lost samples spread over its job's horizon (negative when rescaling "
+                             f"costs more than it gains within the horizon{weighted}).")
+    return unit, (f"Objective ({unit}): what the chosen sizes would train over the next T_fwd seconds, less "
+                       "the samples lost to the grow and shrink pauses they cause (negative when rescaling costs "
+                       f"more than T_fwd gains{weighted}).")
 
 
 def order_text(config: dict) -> str:
@@ -88,11 +101,14 @@ def _horizon_text(config: dict) -> str:
 
 
 @dash.callback(Output(ids.DECISIONS, "data"), Output(ids.SOLVER_RUNS, "data"), Output(ids.SOLVE_HIST, "figure"),
-               Output(ids.HORIZON, "children"), Input(ids.TICK, "n_intervals"))
+               Output(ids.HORIZON, "children"), Output(ids.OBJECTIVE_HINT, "children"),
+               Output(ids.SOLVER_RUNS, "tooltip_header"), Input(ids.TICK, "n_intervals"))
 def update(n):
     if n and n % 2:
-        return no_update, no_update, no_update, no_update
+        return (no_update,) * 6
     hist = context.history
+    config = context.harvester.snapshot.config
+    unit, hint = objective_text(config)
     decisions = []
     for d in hist.last_decisions():
         added, removed = json.loads(d["added"] or "[]"), json.loads(d["removed"] or "[]")
@@ -101,10 +117,11 @@ def update(n):
         decisions.append({"job": d["job"], "change": f'{d["from_nodes"]} → {d["to_nodes"]}',
                           "reason": d["reason"], "nodes": "; ".join(parts)})
     runs = [{"time": sim_time(r["time"]), "policy": r["policy"], "solver": r["solver"], "status": r["status"],
-             "objective": f'{r["objective"]:,.0f}' if r["objective"] is not None else "–",
+             "objective": f'{r["objective"]:,.0f} {unit}' if r["objective"] is not None else "–",
              "size": f'{r["jobs"]} × {r["nodes"]}', "solve_ms": round(r["solve_ms"], 2)}
             for r in hist.solver_runs(20)]
-    return decisions, runs, solve_figure(hist.solve_times()), horizon_text(context.harvester.snapshot.config)
+    return (decisions, runs, solve_figure(hist.solve_times()), horizon_text(config), hint,
+            {"objective": hint})
 
 
 def solve_figure(times: list[float]) -> dict:
