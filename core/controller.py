@@ -551,8 +551,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self.horizon_learner.changed(job.id, now)
             else:
                 self.horizon_learner.left(job.id)
-        self._batch.change(now, job, before, after, reason, self.dispatcher.rate(job),
-                           self.dispatcher.progress(job, now) if running else None, self.dispatcher.name)
+        # progress also where a job drops to no nodes, so its progress line stays flat while it holds none
+        self._batch.change(now, job, before, after, reason, self.dispatcher.rate(job) if running else 0.0,
+                           self.dispatcher.progress(job, now) if running or before else None, self.dispatcher.name)
 
     # ---- persistence ----------------------------------------------------------------------
     def flush(self, extra_meta: Optional[dict] = None) -> None:
