@@ -58,8 +58,8 @@ def objective_text(config: dict) -> tuple[str, str]:
                              "shrink pause's lost samples spread over its job's horizon (negative when rescaling "
                              f"costs more than it gains within the horizon{weighted}).")
     return unit, (f"Objective ({unit}): what the chosen sizes would train over the next T_fwd seconds, less "
-                       "the samples lost to the grow and shrink pauses they cause (negative when rescaling costs "
-                       f"more than T_fwd gains{weighted}).")
+                  "the samples lost to the grow and shrink pauses they cause (negative when rescaling costs "
+                  f"more than T_fwd gains{weighted}).")
 
 
 def order_text(config: dict) -> str:
