@@ -7,8 +7,9 @@ reports, over the pairs of nodes that became idle in the same second (a cohort: 
 ending), the share reclaimed in the same second and within a minute; where, in machine order, the
 reclaims that take part of a cohort take it (core.reclaim_order's learner run over the whole
 trace); how often a reclaim took exactly the first idle nodes of the whole machine in name order
-(first fit: what a scheduler filling from its first free node does); and, for comparison, how well a node's or its rack's past fragment lengths predict its
-next one (correlation of the logs, using only fragments that had ended before the new one began).
+(first fit: what a scheduler filling from its first free node does) and how many reclaims took
+one run of consecutive idle nodes in name order; and, for comparison, how well a node's or its
+rack's past fragment lengths predict its next one (correlation of the logs, using only fragments that had ended before the new one began).
 """
 from __future__ import annotations
 
@@ -82,16 +83,24 @@ def reclaim_order(path: Path) -> ReclaimOrder:
 def first_fit(path: Path) -> dict:
     """Of the reclaims that left something idle, those that took exactly the first k idle nodes
     of the machine in name order, and the nodes they took; `expected` is how many would if the
-    scheduler picked its k nodes at random (the sum of 1 / C(idle, k))."""
+    scheduler picked its k nodes at random (the sum of 1 / C(idle, k)). Also, of the reclaims of
+    two nodes or more, how many took one run of consecutive idle nodes in name order, and how
+    many two: what placement would need jobs to hold for a reclaim to hit one job."""
     idle: list[tuple[tuple, str]] = []      # idle nodes, sorted by node_order
     is_idle_now: set[str] = set()
     gone: set[str] = set()
     at = None
     out = {"reclaims": 0, "nodes": 0, "first_fit": 0, "first_fit_nodes": 0, "first_fit_under_half": 0,
-           "expected": 0.0}
+           "expected": 0.0, "multi": 0, "one_run": 0, "two_runs": 0}
 
     def close() -> None:
         k, n = len(gone), len(idle)
+        if k >= 2:
+            at = sorted(bisect.bisect_left(idle, (node_order(x), x)) for x in gone)
+            runs = 1 + sum(1 for a, b in zip(at, at[1:]) if b != a + 1)
+            out["multi"] += 1
+            out["one_run"] += runs == 1
+            out["two_runs"] += runs == 2
         if 0 < k < n:
             out["reclaims"] += 1
             out["nodes"] += k
@@ -166,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             ("  of them, ones that left over half of what was idle", f"{fit['first_fit_under_half']:,}"),
             ("  share of the reclaimed nodes they took",
              "–" if not fit["nodes"] else f"{fit['first_fit_nodes'] / fit['nodes']:.1%}"),
+            (f"reclaims of 2+ nodes that took one run of consecutive idle nodes, of {fit['multi']:,}",
+             f"{fit['one_run']:,}"),
+            ("  that took two runs", f"{fit['two_runs']:,}"),
             ("correlation of a fragment's log length with its node's past ones", f"{out['corr_node_history']:.3f}"),
             ("correlation of a fragment's log length with its rack's past ones", f"{out['corr_rack_history']:.3f}")]
     w = max(len(k) for k, _ in rows)

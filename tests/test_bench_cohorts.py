@@ -40,7 +40,21 @@ def test_first_fit_counts_reclaims_of_the_first_idle_nodes_in_name_order(tmp_pat
                      "2021-02-10T00:40:00Z,a01n10,busy\n")                        # all that was idle
     fit = first_fit(trace)
     assert fit == {"reclaims": 3, "nodes": 4, "first_fit": 2, "first_fit_nodes": 3, "first_fit_under_half": 1,
-                   "expected": round(1 / 5 + 1 / 6 + 1 / 2, 1)}
+                   "expected": round(1 / 5 + 1 / 6 + 1 / 2, 1), "multi": 1, "one_run": 1, "two_runs": 0}
     assert main(["--trace", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "in name order, of 3" in out and "75.0%" in out
+
+
+def test_runs_count_how_many_stretches_of_consecutive_idle_nodes_a_reclaim_took(tmp_path):
+    # idle in name order: n1 n2 n3 n4 n5 n6. n2+n3 is one run; then of n1 n4 n5 n6, n1+n5+n6 is
+    # two runs (n4 stays between them); then n4 alone is not a reclaim of two
+    trace = tmp_path / "t.csv"
+    idle = "".join(f"2021-02-10T00:00:00Z,a01n{i},idle\n" for i in (6, 5, 4, 3, 2, 1))
+    trace.write_text("time,node,state\n" + idle +
+                     "2021-02-10T00:10:00Z,a01n3,busy\n2021-02-10T00:10:00Z,a01n2,busy\n"
+                     "2021-02-10T00:20:00Z,a01n1,busy\n2021-02-10T00:20:00Z,a01n6,busy\n"
+                     "2021-02-10T00:20:00Z,a01n5,busy\n"
+                     "2021-02-10T00:30:00Z,a01n4,busy\n")
+    fit = first_fit(trace)
+    assert (fit["multi"], fit["one_run"], fit["two_runs"]) == (2, 1, 1)
