@@ -9,7 +9,8 @@ reclaims that take part of a cohort take it (core.reclaim_order's learner run ov
 trace); how often a reclaim took exactly the first idle nodes of the whole machine in name order
 (first fit: what a scheduler filling from its first free node does) and how many reclaims took
 one run of consecutive idle nodes in name order; and, for comparison, how well a node's or its
-rack's past fragment lengths predict its next one (correlation of the logs, using only fragments that had ended before the new one began).
+rack's past fragment lengths predict its next one (correlation of the logs, using only fragments
+that had ended before the new one began).
 """
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ def first_fit(path: Path) -> dict:
     def close() -> None:
         k, n = len(gone), len(idle)
         if k >= 2:
-            at = sorted(bisect.bisect_left(idle, (node_order(x), x)) for x in gone)
-            runs = 1 + sum(1 for a, b in zip(at, at[1:]) if b != a + 1)
+            places = sorted(bisect.bisect_left(idle, (node_order(x), x)) for x in gone)
+            runs = 1 + sum(1 for a, b in zip(places, places[1:]) if b != a + 1)
             out["multi"] += 1
             out["one_run"] += runs == 1
             out["two_runs"] += runs == 2
