@@ -21,8 +21,11 @@ for `a` seconds,
 
 Nothing is fitted to a machine: both survivals are whatever was seen so far (heavy-tailed on
 Summit), on a fixed log-spaced grid of durations (a resolution, not a tuning: 16 bins per decade
-from 1 s to ~4 months). Only the past is used, so a replay and a live run learn the same way;
-until MIN_STANDS allocations have changed the horizon is the fallback (BFTrainer's 10 s).
+from 1 s to ~4 months). Only the past is used, so a replay and a live run learn the same way.
+Until MIN_STANDS allocations have changed, the horizon is the fallback (BFTrainer's 10 s) or, once
+allocations have stood longer than that, the lower bound they vouch for: the median with those
+standing taken as ended now. On a calm machine the first changes can take hours, and 10 s would
+keep the first jobs on every idle node all that while.
 
 Pure: plain numbers in, plain records out; no clock, no I/O. The controller feeds it.
 """
@@ -49,10 +52,11 @@ class Horizon:
     nodes: int                   # idle nodes (censored fragments) it was learned with
     median_s: float              # median idle fragment length, Kaplan-Meier (nan: not known yet)
     node_life_s: float           # expected remaining idle time of an idle node (rate-averaged)
-    learned: bool                # False: too few allocations have changed yet, tfwd is the fallback
+    learned: bool                # False: too few allocations have changed yet (tfwd: fallback or bound)
     jobs: Mapping[str, float] = field(default_factory=dict)   # the horizon of each running job
     stands: int = 0              # allocations that stood and then changed
     standing: int = 0            # allocations standing now (censored stands)
+    bound: bool = False          # not learned yet, but tfwd is the lower bound the stands give (above the fallback)
 
     def to_dict(self) -> dict:
         def r(x: float) -> Optional[float]:
@@ -60,7 +64,7 @@ class Horizon:
         return {"tfwd": round(self.tfwd, 3), "fragments": self.fragments, "nodes": self.nodes,
                 "median_s": r(self.median_s), "node_life_s": r(self.node_life_s), "learned": self.learned,
                 "jobs": {j: round(t, 1) for j, t in self.jobs.items()}, "stands": self.stands,
-                "standing": self.standing}
+                "standing": self.standing, "bound": self.bound}
 
 
 class FragmentSurvival:
@@ -144,15 +148,30 @@ class FragmentSurvival:
     def median(self, idle_ages: np.ndarray, fitted: Optional[tuple[np.ndarray, np.ndarray]] = None) -> float:
         """Median duration, with `idle_ages` those still going (nan until enough have ended)."""
         surv, _ = fitted or self.curve(idle_ages)
-        below = np.flatnonzero(surv <= 0.5)
-        if not self.count or not len(below):
+        return _median(surv) if self.count else math.nan
+
+    def lower_median(self, going: np.ndarray) -> float:
+        """The median with every duration still going taken as ended now, at its age: no more
+        than the median they will all have once they end, whatever that turns out to be (nan with
+        nothing observed). What a few observations can vouch for before Kaplan-Meier can."""
+        counts = self.ended + np.histogram(np.clip(going, 0.0, EDGES[-1] * 0.999), EDGES)[0]
+        total = counts.sum()
+        if not total:
             return math.nan
-        i = int(below[0])
-        if i == 0:
-            return 0.0
-        s0, s1 = surv[i - 1], surv[i]
-        f = (s0 - 0.5) / (s0 - s1) if s0 > s1 else 0.0
-        return float(EDGES[i - 1] + f * (EDGES[i] - EDGES[i - 1]))
+        return _median(np.concatenate(([1.0], 1.0 - np.cumsum(counts) / total)))
+
+
+def _median(surv: np.ndarray) -> float:
+    """Where a survival on the grid's edges falls to one half, linear within a bin (nan: never)."""
+    below = np.flatnonzero(surv <= 0.5)
+    if not len(below):
+        return math.nan
+    i = int(below[0])
+    if i == 0:
+        return 0.0
+    s0, s1 = surv[i - 1], surv[i]
+    f = (s0 - 0.5) / (s0 - s1) if s0 > s1 else 0.0
+    return float(EDGES[i - 1] + f * (EDGES[i] - EDGES[i - 1]))
 
 
 class HorizonLearner:
@@ -205,7 +224,8 @@ class HorizonLearner:
     def decide(self, ages: Sequence[float], jobs: Sequence[str], now: float) -> Horizon:
         """The horizon of one decision at `now`, with `ages` the idle nodes' ages and `jobs` the
         running ones: the Kaplan-Meier median of the allocation stands seen so far, those of the
-        running jobs still going (censored); the fallback until MIN_STANDS have ended."""
+        running jobs still going (censored); until MIN_STANDS have ended, the fallback or the lower
+        bound of their median, whichever is longer."""
         idle = np.asarray(ages, dtype=float)
         frag, median_s, life = self.survival, math.nan, math.nan
         if frag.count and len(idle):
@@ -217,7 +237,11 @@ class HorizonLearner:
         if self.stands.count >= MIN_STANDS:
             stand = self.stands.median(np.maximum(going, 0.0))
         learned = not math.isnan(stand) and stand > 0
-        tfwd = stand if learned else self.fallback
+        tfwd, bound = (stand if learned else self.fallback), False
+        if not learned:
+            low = self.stands.lower_median(np.maximum(going, 0.0))
+            if low > self.fallback:          # nan (nothing observed) is not
+                tfwd, bound = low, True
         self.last = Horizon(tfwd, frag.count, len(idle), median_s, life, learned,
-                            {j: tfwd for j in jobs} if learned else {}, self.stands.count, len(going))
+                            {j: tfwd for j in jobs} if learned else {}, self.stands.count, len(going), bound)
         return self.last

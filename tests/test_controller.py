@@ -128,6 +128,26 @@ def test_auto_horizon_learns_from_how_long_allocations_stand():
         ControllerConfig(tfwd="soon")
 
 
+@pytest.mark.parametrize("tfwd", ["auto", 10.0])
+def test_on_a_calm_machine_the_second_job_does_not_wait_for_the_first_changes(tfwd):
+    """Nothing has changed for ten minutes when B arrives, so no stand has ended: BFTrainer's 10 s
+    would not repay A's pause and B would wait until something changes. `auto` looks ahead as far
+    as A's allocation has already stood, and shares."""
+    nodes = [f"a01n{i:02d}" for i in range(1, 17)]
+    ctl, clock = controller(nodes, ControllerConfig(tfwd=tfwd))
+    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
+    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
+    ctl.step()
+    assert len(ctl.held["A"]) == 16
+    clock.advance_to(T0 + 600)
+    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 600))
+    ctl.step()
+    shared = tfwd == "auto"
+    assert (len(ctl.held.get("B", [])) > 0) == shared and (len(ctl.held["A"]) < 16) == shared
+    if shared:
+        assert ctl.horizon.bound and not ctl.horizon.learned and ctl.horizon.tfwd > 500.0
+
+
 def test_a_reclaimed_job_is_refilled_for_what_outlasts_its_pause():
     """A reclaim already pauses the job for its scale-down; a refill decided at the same moment
     ends in the same regroup, so it costs only what outlasts that pause (18 - 12 s here) and pays

@@ -71,7 +71,39 @@ def test_fallback_until_enough_stands_then_their_median() -> None:
     assert got.jobs == {"A": got.tfwd, "B": got.tfwd}
     assert got.fragments == 2000 and got.node_life_s == pytest.approx(600.0, rel=0.1)
     assert set(got.to_dict()) == {"tfwd", "fragments", "nodes", "median_s", "node_life_s", "learned", "jobs",
-                                  "stands", "standing"}
+                                  "stands", "standing", "bound"}
+
+
+def test_before_enough_stands_the_horizon_is_what_the_standing_ones_vouch_for() -> None:
+    """Until MIN_STANDS allocations have changed: the fallback, or, once allocations have stood
+    longer, the median with those standing taken as ended now; never the Kaplan-Meier median of
+    too few, and never past what was seen."""
+    h = HorizonLearner()
+    stood(h, "X", [30.0, 40.0])
+    for j in "ABC":
+        h.changed(j, 0.0)
+    early = h.decide([1.0], ["A", "B", "C"], 5.0)       # 30, 40 ended; A, B, C have stood 5 s
+    assert early.tfwd == FALLBACK_S and not early.learned and not early.bound
+    later = h.decide([1.0], ["A", "B", "C"], 600.0)     # 30, 40, 600, 600, 600: the median is 600
+    assert not later.learned and later.bound and not later.jobs and later.standing == 3
+    assert 600.0 * 10 ** (-1 / 16) <= later.tfwd <= 600.0 * 10 ** (1 / 16)
+    assert later.to_dict()["bound"] is True
+    assert h.decide([1.0], ["A"], 600.0).tfwd < 100.0    # 30, 40, 600: the median is 40
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_lower_bound_is_never_above_the_median_to_come(seed: int) -> None:
+    """Whatever the durations still going turn out to be, the bound taken from their ages now is
+    at most the median of them all once they have ended (to a grid bin)."""
+    rng = np.random.default_rng(seed)
+    durations = rng.pareto(1.2, 40) * 100.0 + 1.0
+    going = rng.random(40) < 0.5
+    s = FragmentSurvival()
+    for d in durations[~going]:
+        s.observe(float(d))
+    ages = durations[going] * rng.random(int(going.sum()))
+    assert s.lower_median(ages) <= np.median(durations) * 10 ** (1 / 16)
+    assert math.isnan(FragmentSurvival().lower_median(np.array([])))
 
 
 def test_standing_allocations_count_as_censored() -> None:

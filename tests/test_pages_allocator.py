@@ -82,6 +82,16 @@ def test_what_the_learned_horizon_says():
         "first node.")
 
 
+def test_what_the_horizon_says_before_enough_allocations_have_changed():
+    config = {"tfwd": "auto", "horizon": {"tfwd": 612.4, "fragments": 0, "nodes": 16, "median_s": None,
+                                          "node_life_s": None, "learned": False, "bound": True, "stands": 2,
+                                          "standing": 3, "jobs": {}}}
+    assert horizon_text(config).startswith(
+        "Horizon: learned (--tfwd auto), at least 612 s so far: the median time an allocation stands, with the 3 "
+        "standing now counted as if they changed now, until 5 allocations have changed (2 so far). Placement: "
+        "0 idle fragments ended, 16 nodes idle now.")
+
+
 def test_what_the_learned_order_says():
     """Which end of a cohort placement fills from, in the scheduler's order learned so far."""
     fixed = {"tfwd": 60.0, "horizon": {"tfwd": 60.0, "learned": False}}

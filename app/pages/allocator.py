@@ -92,6 +92,10 @@ def _horizon_text(config: dict) -> str:
     nodes = (f" Placement: {h.get('fragments', 0):,} idle fragments ended, {h.get('nodes', 0):,} nodes idle now"
              + (f"; median fragment {median:,.0f} s" if median is not None else "")
              + (f", an idle node expected to stay {life:,.0f} s" if life is not None else "") + ".")
+    if not h.get("learned") and h.get("bound"):
+        return (f"Horizon: learned (--tfwd auto), at least {h['tfwd']:,.0f} s so far: the median time an allocation "
+                f"stands, with the {h.get('standing', 0):,} standing now counted as if they changed now, until "
+                f"{MIN_STANDS} allocations have changed ({h.get('stands', 0):,} so far)." + nodes)
     if not h.get("learned"):
         return (f"Horizon: learned (--tfwd auto); {h.get('tfwd', 10.0):g} s until {MIN_STANDS} allocations "
                 f"have changed ({h.get('stands', 0):,} so far)." + nodes)
