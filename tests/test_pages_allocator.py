@@ -61,6 +61,11 @@ def test_the_learned_horizon_comes_from_a_real_controller():
     for k in range(1, 6):
         clock.advance_to(t0 + 300 * k)
         ctl.step([Event(t0 + 300 * k, EventKind.NODE_LEAVE, node=ctl.held["J"][0])])
+        if k == 2:        # 300, 300 ended, J's allocation standing 0 s: the bound is their median
+            assert horizon_text(ctl.snapshot("running", 2).config).startswith(
+                f"Horizon: learned (--tfwd auto), at least {ctl.horizon.tfwd:,.0f} s so far: the median time an "
+                f"allocation stands, each of the 1 standing now counted as if it changed now; 2 have changed")
+            assert 250.0 < ctl.horizon.tfwd < 350.0
     h = ctl.horizon
     text = horizon_text(ctl.snapshot("running", 2).config)
     assert h.learned and text.startswith(
@@ -87,9 +92,9 @@ def test_what_the_horizon_says_before_enough_allocations_have_changed():
                                           "node_life_s": None, "learned": False, "bound": True, "stands": 2,
                                           "standing": 3, "jobs": {}}}
     assert horizon_text(config).startswith(
-        "Horizon: learned (--tfwd auto), at least 612 s so far: the median time an allocation stands, with the 3 "
-        "standing now counted as if they changed now, until 5 allocations have changed (2 so far). Placement: "
-        "0 idle fragments ended, 16 nodes idle now.")
+        "Horizon: learned (--tfwd auto), at least 612 s so far: the median time an allocation stands, each of the 3 "
+        "standing now counted as if it changed now; 2 have changed (the median itself is used once 5 have and "
+        "it lies within what has been seen). Placement: 0 idle fragments ended, 16 nodes idle now.")
 
 
 def test_what_the_learned_order_says():

@@ -94,8 +94,9 @@ def _horizon_text(config: dict) -> str:
              + (f", an idle node expected to stay {life:,.0f} s" if life is not None else "") + ".")
     if not h.get("learned") and h.get("bound"):
         return (f"Horizon: learned (--tfwd auto), at least {h['tfwd']:,.0f} s so far: the median time an allocation "
-                f"stands, with the {h.get('standing', 0):,} standing now counted as if they changed now, until "
-                f"{MIN_STANDS} allocations have changed ({h.get('stands', 0):,} so far)." + nodes)
+                f"stands, each of the {h.get('standing', 0):,} standing now counted as if it changed now; "
+                f"{h.get('stands', 0):,} have changed (the median itself is used once {MIN_STANDS} have and it "
+                f"lies within what has been seen)." + nodes)
     if not h.get("learned"):
         return (f"Horizon: learned (--tfwd auto); {h.get('tfwd', 10.0):g} s until {MIN_STANDS} allocations "
                 f"have changed ({h.get('stands', 0):,} so far)." + nodes)
