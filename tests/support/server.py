@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Optional
 from werkzeug.security import generate_password_hash
 
 from tests.support.files import ROOT
+from tests.support.ports import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -28,12 +28,6 @@ USERS = {"staff1": "staff", "alice": "user", "bob": "user"}
 
 def password(name: str) -> str:
     return f"{name}-password"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_users(path: Path, users: dict[str, str] = USERS) -> Path:

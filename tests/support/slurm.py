@@ -23,7 +23,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import pytest
 
 from tests.support.files import ROOT
 from tests.support.netns import NetnsCluster
+from tests.support.ports import free_ports
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -91,20 +91,6 @@ def ensure_slurm() -> None:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", pytrace=False)
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (held open together while chosen, so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def write_conf(d: Path, nodes: list[str], gpus: int = GPUS) -> Path:

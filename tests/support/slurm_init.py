@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from tests.support.ports import free_ports
 
 STOP_WAIT_S = 10.0
 READY_WAIT_S = 30.0
@@ -37,6 +40,10 @@ class Init:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.pids: dict[str, int] = {}           # daemon name -> pid
         self.exited: dict[int, int] = {}         # pid -> wait status, for our own daemons
+        # Held so that no Popen is collected while its daemon runs: subprocess would then reap
+        # the daemon behind our back (its _cleanup on the next Popen), and we would signal a
+        # pid that no longer exists.
+        self.procs: dict[str, subprocess.Popen] = {}
 
     # ---- processes --------------------------------------------------------------------------
     def spawn(self, name: str, argv: list[str]) -> int:
@@ -45,6 +52,7 @@ class Init:
                                 stderr=subprocess.STDOUT)
         log.close()
         self.pids[name] = proc.pid
+        self.procs[name] = proc
         return proc.pid
 
     def reap(self) -> None:
@@ -59,23 +67,33 @@ class Init:
                 return
             if pid in ours:
                 self.exited[pid] = status
+                for proc in self.procs.values():
+                    if proc.pid == pid:
+                        proc.returncode = os.waitstatus_to_exitcode(status)
 
     def alive(self, name: str) -> bool:
         self.reap()
         pid = self.pids.get(name)
         return pid is not None and pid not in self.exited
 
+    def signal(self, name: str, sig: int) -> None:
+        """Signal a daemon that `alive` saw; one that ended since is left alone."""
+        try:
+            os.kill(self.pids[name], sig)
+        except ProcessLookupError:
+            pass
+
     def stop(self, names: list[str]) -> None:
         """SIGTERM these daemons together, SIGKILL what is left after STOP_WAIT_S."""
         live = [n for n in names if self.alive(n)]
         for n in live:
-            os.kill(self.pids[n], signal.SIGTERM)
+            self.signal(n, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S
         while any(self.alive(n) for n in live) and time.monotonic() < deadline:
             time.sleep(0.02)
         for n in live:
             if self.alive(n):
-                os.kill(self.pids[n], signal.SIGKILL)
+                self.signal(n, signal.SIGKILL)
         deadline = time.monotonic() + STOP_WAIT_S
         while any(self.alive(n) for n in live) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -125,9 +143,10 @@ class Init:
         self.wait(all_idle, READY_WAIT_S, "every slurmd to register idle")
 
     def start_slurm(self) -> None:
-        """slurmctld, then the slurmds; once more from a clean stop if the slurmds do not register.
-        Seen once in a full suite: munged refused the registrations ("Unauthorized credential")
-        and no slurmd came up in 30 s, where the same module passed when run again."""
+        """slurmctld, then the slurmds; once more from a clean stop if the slurmds do not register,
+        with fresh ports for any slurmd that exited. Seen in full suites: once no slurmd came
+        up in 30 s, and once in CI one slurmd exited because another process had taken its port
+        between choosing it and binding it."""
         self.start_ctld()
         try:
             self.start_nodes()
@@ -136,10 +155,31 @@ class Init:
             nodes = self.slurm("sinfo", "-h", "-N", "-o", "%N %T").stdout.strip().replace("\n", ", ")
             print(f"# {e} (nodes: {nodes or 'none'}); restarting slurmctld and the slurmds",
                   file=sys.stderr, flush=True)
+        dead = [n for n in self.nodes if not self.alive(f"slurmd-{n}")]
+        for n in dead:
+            print(f"# slurmd-{n} had exited: {self.last_error(f'slurmd-{n}')}", file=sys.stderr, flush=True)
         self.stop([n for n in self.pids if n.startswith("slurmd-")])
         self.stop(["slurmctld"])
+        if dead:
+            self.move_ports(dead)
         self.start_ctld()
         self.start_nodes()
+
+    def last_error(self, name: str) -> str:
+        lines = (self.dir / "log" / f"{name}.out").read_text(errors="replace").splitlines()
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        return (errors or lines or ["(no output)"])[-1].strip()
+
+    def move_ports(self, nodes: list[str]) -> None:
+        """Give these nodes fresh ports in slurm.conf (a slurmd that exited may have lost its
+        port to another process); the clients and daemons started next read the new file."""
+        text = self.conf.read_text()
+        for n, port in zip(nodes, free_ports(len(nodes))):
+            text, count = re.subn(rf"^(NodeName={re.escape(n)} .*?\bPort=)\d+", rf"\g<1>{port}", text,
+                                  flags=re.MULTILINE)
+            if count != 1:
+                raise RuntimeError(f"no Port= for {n} in {self.conf}")
+        self.conf.write_text(text)
 
     # ---- shutdown ---------------------------------------------------------------------------
     def stepds(self) -> list[int]:

@@ -28,16 +28,12 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import pytest
 
+from tests.support.ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 PACKAGE = "openssh-server"
 ALIASES = ("node0", "node1", "node2", "node3")
 DEAD = "node-dead"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_sshd(strict: bool = False) -> None:
