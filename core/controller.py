@@ -25,7 +25,7 @@ from .counters import Counters, SolveTimes, StepResult
 from .demand import node_demand
 from .dispatchers.base import Dispatcher
 from .errors import SettingsError
-from .horizon import FALLBACK_S, Horizon, HorizonLearner
+from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner
 from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
@@ -134,6 +134,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.reclaim_order = ReclaimOrder()        # which end of a cohort the main scheduler takes first
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
                                         else FALLBACK_S, 0, 0, math.nan, math.nan, False)
+        self._planned_tfwd = math.inf              # the horizon the last plan was made with
+        #: `tfwd auto`: when a step is due even without an event, to see whether the horizon has
+        #: outgrown the last plan's (a replay or live loop wakes the controller then); None: never
+        self.replan_at: Optional[float] = None
         #: replay reference only (core.clairvoyant): (idle nodes, now) -> true remaining idle s,
         #: given to placement in place of the learned expectation
         self.clairvoyant: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
@@ -179,6 +183,12 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self.store.write(Batch(jobs={job_id: row}))   # StoreWriteError: not cancelled
             self._inbox.append(Event(now, EventKind.JOB_CANCEL, job=job_id))
 
+    def replan_due(self, now: float) -> bool:
+        """A quiet machine is looked at again once a horizon has passed since the last step: the
+        horizon learned from how long allocations stand grows while nothing happens, and a job
+        that a short one kept waiting should not wait for the next event (hours on a calm machine)."""
+        return self.replan_at is not None and now >= self.replan_at
+
     @property
     def pending(self) -> bool:
         """Commands or events wait for the next step."""
@@ -221,7 +231,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             batch = sorted([*self._inbox, *events], key=lambda e: EVENT_PRIORITY[e.kind])
             self._inbox.clear()
             samples = self.dispatcher.samples(now) if self.advice.on else []
-            if not batch and not samples and not force:
+            if not batch and not samples and not force and not self.replan_due(now):
                 return None
             self._account(now)
             self.counters.steps += 1
@@ -261,6 +271,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             measured = self.advice.learn(samples, self._batch, self.counters)
             changed |= self.advice.take_news()
             expect = self._learn_horizon(now)
+            changed |= self.horizon.tfwd >= REPLAN_GROWTH * self._planned_tfwd
             probes = self.advice.probes(now, self._remaining(now), measured, len(self.idle) - len(self.owner),
                                         self.horizon.tfwd)
             changed |= bool(probes)
@@ -269,6 +280,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                                 self.n_queued, 0.0)
             if changed and self.running and not self.frozen:
                 self._solve(now, result, probes, expect)
+                self._planned_tfwd = self.horizon.tfwd
+            self.replan_at = now + self.horizon.tfwd if self.horizon_learner is not None and self.running else None
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},

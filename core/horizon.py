@@ -41,6 +41,9 @@ PER_DECADE = 16
 EDGES = np.concatenate(([0.0], np.logspace(0.0, 7.0, 7 * PER_DECADE + 1)))   # 0, 1 s .. 1e7 s
 FALLBACK_S = 10.0
 MIN_STANDS = 5     # stands that ended before their median counts (a median of fewer says little)
+#: decisions are made on events, but the horizon grows while nothing happens (the stands standing
+#: get older); once it is this many times the one the last plan used, the plan is made again
+REPLAN_GROWTH = 2.0
 
 
 @dataclass(frozen=True)

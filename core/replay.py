@@ -270,7 +270,9 @@ class Replay:
         t_arr = (max(self.arrivals[self._i].submit_time, self.start)
                  if self._i < len(self.arrivals) else math.inf)
         t_done = self.dispatcher.next_event_time(self.clock.now())
-        return min(t_trace, t_arr, t_done if t_done is not None else math.inf)
+        t_replan = self.controller.replan_at
+        return min(t_trace, t_arr, t_done if t_done is not None else math.inf,
+                   t_replan if t_replan is not None else math.inf)
 
     def advance(self, until: float, on_step: Optional[Callable[[StepResult], None]] = None,
                 progress: Optional[Callable[[float], None]] = None, flush_every_s: float = 1.0) -> bool:

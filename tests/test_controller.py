@@ -148,6 +148,36 @@ def test_on_a_calm_machine_the_second_job_does_not_wait_for_the_first_changes(tf
         assert ctl.horizon.bound and not ctl.horizon.learned and ctl.horizon.tfwd > 500.0
 
 
+@pytest.mark.parametrize("tfwd", ["auto", 10.0])
+def test_a_quiet_machine_is_planned_again_as_the_horizon_grows(tfwd):
+    """B arrives 5 s after A took every node: A's allocation vouches for no more than 10 s yet, so
+    B waits. Nothing happens after that. `auto` wakes the controller once a horizon has passed
+    (`replan_at`) and plans again when the horizon has doubled since the last plan: B gets nodes
+    within minutes, not at the next event. A fixed T_fwd never wakes it."""
+    nodes = [f"a01n{i:02d}" for i in range(1, 17)]
+    ctl, clock = controller(nodes, ControllerConfig(tfwd=tfwd))
+    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
+    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
+    ctl.step()
+    clock.advance_to(T0 + 5)
+    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
+    ctl.step()
+    assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
+    if tfwd != "auto":
+        assert ctl.replan_at is None and ctl.step() is None
+        return
+    wakes = 0
+    while not ctl.held.get("B"):
+        assert ctl.replan_at is not None and ctl.replan_at > clock.now()
+        assert ctl.step() is None                      # nothing is due before replan_at
+        clock.advance_to(ctl.replan_at)
+        assert ctl.step() is not None
+        wakes += 1
+        assert wakes < 12 and clock.now() < T0 + 3600
+    assert len(ctl.held["A"]) < 16 and ctl.horizon.bound and ctl.horizon.tfwd >= 20.0
+    assert clock.now() - T0 < 600 and ctl.counters.solves <= 2 + wakes
+
+
 def test_a_reclaimed_job_is_refilled_for_what_outlasts_its_pause():
     """A reclaim already pauses the job for its scale-down; a refill decided at the same moment
     ends in the same regroup, so it costs only what outlasts that pause (18 - 12 s here) and pays

@@ -120,3 +120,23 @@ def test_replay_in_small_increments_equals_one_run(small_trace, small_jobs):
         assert r.clock.now() == pytest.approx(min(t, r.end))
         t += 97.0
     assert strip(r.finish()) == strip(whole)
+
+
+@pytest.mark.parametrize("tfwd", ["auto", 10.0])
+def test_a_quiet_replay_wakes_when_the_horizon_is_due(tmp_path, tfwd):
+    """Nothing happens in this trace after the nodes go idle; B arrives 5 s after A took all 8.
+    The replay steps the controller at `replan_at` as at an event, so under `auto` B gets nodes
+    within minutes; a fixed T_fwd has nothing to wake for, and B waits the whole hour."""
+    from tests.support.files import write_trace
+    trace = write_trace(tmp_path / "quiet.csv",
+                        [(f"2021-02-10T00:00:0{i}Z", f"r00n{i:02d}", "idle") for i in range(8)])
+    jobs = write_jobset(tmp_path / "jobs.csv", [
+        "A,alex,2021-02-10T00:01:00Z,1,8,1e12,18,12,1;2;4;8,100;195;370;680",
+        "B,vgg,2021-02-10T00:01:05Z,1,8,1e12,18,12,1;2;4;8,100;195;370;680",
+    ])
+    rp = Replay(ReplaySettings(trace=trace, jobs=jobs, hours=1, config=ControllerConfig(tfwd=tfwd)))
+    rp.advance(rp.start + 600)
+    held = rp.controller.held
+    assert bool(held.get("B")) == (tfwd == "auto") and (len(held["A"]) < 8) == (tfwd == "auto")
+    s = rp.run()
+    assert s["steps"] < 20

@@ -68,3 +68,34 @@ def test_a_failing_tick_stops_the_replay_visibly(small_trace, small_jobs):
         assert runner.scheduler.get_job("replay-tick") is None, "no more failing ticks"
     finally:
         runner.stop()
+
+
+def test_the_live_loop_steps_a_quiet_controller_when_a_replan_is_due():
+    """Live mode ticks without events too: the tick steps the controller once `replan_at` has
+    come (core/runners/live.py), so B, which arrived 5 s after A took every node, gets nodes
+    with no event from the source (the controller side: tests/test_controller.py)."""
+    from core.runners.live import LiveRunner
+    from core.sources.static import StaticSource
+    from tests.support.sim import T0, controller, job
+    nodes = [f"a01n{i:02d}" for i in range(1, 17)]
+    ctl, clock = controller(nodes, ControllerConfig(tfwd="auto"))
+    runner = LiveRunner(ctl, StaticSource(nodes))
+    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
+    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
+    runner._advance()
+    clock.advance_to(T0 + 5)
+    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
+    runner._advance()
+    assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
+    steps = ctl.counters.steps
+    for _ in range(12):
+        clock.advance_to(ctl.replan_at - 1)
+        runner._advance()
+        assert ctl.counters.steps == steps        # not due yet: the tick leaves it alone
+        clock.advance_to(ctl.replan_at)
+        runner._advance()
+        steps += 1
+        assert ctl.counters.steps == steps
+        if ctl.held.get("B"):
+            break
+    assert ctl.held.get("B") and len(ctl.held["A"]) < 16

@@ -66,7 +66,7 @@ class LiveRunner(Runner):
         ctl = self.controller
         now = ctl.clock.now()
         events = self.source.poll(now) + ctl.dispatcher.poll(now)
-        if events or ctl.pending or ctl.advisor is not None:   # the advisor takes samples
+        if events or ctl.pending or ctl.advisor is not None or ctl.replan_due(now):   # the advisor takes samples
             ctl.step(events)
         self.source.want(*ctl.node_demand())
         if time.monotonic() - self._last_flush >= self.flush_s:
