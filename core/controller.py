@@ -134,7 +134,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.reclaim_order = ReclaimOrder()        # which end of a cohort the main scheduler takes first
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
                                         else FALLBACK_S, 0, 0, math.nan, math.nan, False)
-        self._planned_tfwd = math.inf              # the horizon the last plan was made with
+        self._planned_tfwd = self.horizon.tfwd     # the horizon the last plan was made with
         #: `tfwd auto`: when a step is due even without an event, to see whether the horizon has
         #: outgrown the last plan's (a replay or live loop wakes the controller then); None: never
         self.replan_at: Optional[float] = None

@@ -61,6 +61,8 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
         for jid in ctl.running:
             if ctl.held.get(jid):
                 ctl.horizon_learner.changed(jid, now)
+        if ctl.running:       # the allocations restored count as planned with the fallback: look again
+            ctl.replan_at = now
     counters = store.meta("counters")
     if counters:
         ctl.counters = Counters(**counters)

@@ -73,6 +73,35 @@ def test_restore_takes_up_the_horizon_learner(tmp_path):
     assert ctl2.horizon.median_s == pytest.approx(ctl.horizon.median_s)
 
 
+def test_a_restored_quiet_controller_is_planned_again_as_the_horizon_grows(tmp_path):
+    """A restart with A on every node and B waiting for a longer horizon, and nothing happening
+    after it: the restored controller is due for a look at once (`replan_at`), and B gets nodes
+    without an event, as it would have had the service not restarted."""
+    db = tmp_path / "run.db"
+    store = Store(db)
+    nodes = [f"a01n{i:02d}" for i in range(1, 17)]
+    ctl, clock = controller(nodes, ControllerConfig(tfwd="auto"), store)
+    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
+    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
+    ctl.step()
+    clock.advance_to(T0 + 5)
+    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
+    ctl.step()
+    assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
+    ctl.flush()
+    store.close()
+
+    clock2 = SimClock(T0 + 5)
+    ctl2 = restore(Store(db), SimulatedDispatcher(), clock2, node_names=nodes)
+    assert ctl2.replan_due(T0 + 5)
+    for _ in range(12):
+        assert ctl2.step() is not None
+        if ctl2.held.get("B"):
+            break
+        clock2.advance_to(ctl2.replan_at)
+    assert ctl2.held.get("B") and len(ctl2.held["A"]) < 16 and clock2.now() - T0 < 600
+
+
 def test_a_horizon_state_from_another_grid_is_refused():
     from core.horizon import HorizonLearner
     h = HorizonLearner()
