@@ -10,7 +10,7 @@ from core.controller import Controller, ControllerConfig
 from core.horizon import MIN_STANDS
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind, JobState
-from tests.support.sim import T0, controller, job
+from tests.support.sim import T0, a_then_b, controller, job
 
 
 class Recording(SimulatedDispatcher):
@@ -156,12 +156,7 @@ def test_a_quiet_machine_is_planned_again_as_the_horizon_grows(tfwd):
     within minutes, not at the next event. A fixed T_fwd never wakes it."""
     nodes = [f"a01n{i:02d}" for i in range(1, 17)]
     ctl, clock = controller(nodes, ControllerConfig(tfwd=tfwd))
-    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
-    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
-    ctl.step()
-    clock.advance_to(T0 + 5)
-    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
-    ctl.step()
+    a_then_b(ctl, clock, 5)
     assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
     if tfwd != "auto":
         assert ctl.replan_at is None and ctl.step() is None

@@ -76,16 +76,11 @@ def test_the_live_loop_steps_a_quiet_controller_when_a_replan_is_due():
     with no event from the source (the controller side: tests/test_controller.py)."""
     from core.runners.live import LiveRunner
     from core.sources.static import StaticSource
-    from tests.support.sim import T0, controller, job
+    from tests.support.sim import a_then_b, controller
     nodes = [f"a01n{i:02d}" for i in range(1, 17)]
     ctl, clock = controller(nodes, ControllerConfig(tfwd="auto"))
     runner = LiveRunner(ctl, StaticSource(nodes))
-    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
-    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
-    runner._advance()
-    clock.advance_to(T0 + 5)
-    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
-    runner._advance()
+    a_then_b(ctl, clock, 5, runner._advance)
     assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
     steps = ctl.counters.steps
     for _ in range(12):

@@ -11,7 +11,7 @@ from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind
 from core.restore import restore
 from core.store import Store
-from tests.support.sim import T0, controller, job
+from tests.support.sim import T0, a_then_b, controller, job
 
 
 def test_store_is_wal_and_restores_the_controller(tmp_path):
@@ -81,12 +81,7 @@ def test_a_restored_quiet_controller_is_planned_again_as_the_horizon_grows(tmp_p
     store = Store(db)
     nodes = [f"a01n{i:02d}" for i in range(1, 17)]
     ctl, clock = controller(nodes, ControllerConfig(tfwd="auto"), store)
-    concave = ((1, 2, 4, 8, 16), (100.0, 195.0, 370.0, 680.0, 1150.0))
-    ctl.submit(job("A", hi=16, total=1e12, curve=concave))
-    ctl.step()
-    clock.advance_to(T0 + 5)
-    ctl.submit(job("B", hi=16, total=1e12, curve=concave, submit=T0 + 5))
-    ctl.step()
+    a_then_b(ctl, clock, 5)
     assert len(ctl.held["A"]) == 16 and not ctl.held.get("B")
     ctl.flush()
     store.close()
