@@ -8,8 +8,9 @@ a job one pause however many of its nodes it takes, so a job spread over few coh
 less often. Without `since` the group is the node's rack (jobs stay compact on the machine).
 
 A shrinking job keeps the nodes of the groups worth most and gives back the rest; a job that
-keeps its size keeps its nodes (with cohorts, unless it is in a pause: below). Given `expect` (node -> expected remaining idle seconds, learned
-by core.horizon), nodes likely to stay idle longest are worth more. With cohorts, a cohort is
+keeps its size keeps its nodes (with cohorts, unless it is in a pause: below). Given `expect`
+(node -> expected remaining idle seconds, learned by core.horizon), nodes likely to stay idle
+longest are worth more. With cohorts, a cohort is
 worth the node-seconds it is expected to give before its one reclaim (its nodes x their expected
 idle time); ranking by expected idle time alone, ahead of size, spread jobs over more small
 cohorts and cost 0.07-0.13 % of the rescale-free bound on every window measured (README).
