@@ -526,12 +526,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         for job in jobs:
             before = self.held.get(job.id, [])
             after = plan.assignment.get(job.id, [])
-            if set(after) == set(before):
-                continue
-            # same size, other nodes: placement trades a job of the same size only while it is
-            # in a pause already (a reclaim's), which the new membership joins at no cost of its own
-            traded = len(after) == len(before)
-            why = None if traded else self.advice.ran(job.id, len(after), now)
+            if len(after) == len(before):
+                continue  # same size, same nodes: placement trades only for a job that grows
+            why = self.advice.ran(job.id, len(after), now)
             if why:
                 if forced.get(job.id) == len(after):
                     self.counters.probes += 1
@@ -550,10 +547,6 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                 self.owner[n] = job.id
                 self.since[n] = now
                 self._batch.node(n, True, now, job.id, self.idle[n])
-            if traded:
-                self._batch.change(now, job, before, after, "trade", self.dispatcher.rate(job),
-                                   self.dispatcher.progress(job, now), self.dispatcher.name)
-                continue
             if before and after:
                 self.counters.rescales += 1
                 self.rescaling_until[job.id] = max(self.rescaling_until.get(job.id, now), now + (

@@ -8,7 +8,7 @@ a job one pause however many of its nodes it takes, so a job spread over few coh
 less often. Without `since` the group is the node's rack (jobs stay compact on the machine).
 
 A shrinking job keeps the nodes of the groups worth most and gives back the rest; a job that
-keeps its size keeps its nodes (with cohorts, unless it is in a pause: below). Given `expect`
+keeps its size keeps its nodes. Given `expect`
 (node -> expected remaining idle seconds, learned by core.horizon), nodes likely to stay idle
 longest are worth more. With cohorts, a cohort is
 worth the node-seconds it is expected to give before its one reclaim (its nodes x their expected
@@ -20,11 +20,12 @@ it also *trades*: it takes the cohorts worth most among its own and the free one
 first within a cohort, and gives back the nodes of its cohorts that did not make the cut. Over
 the regroups a job makes, its nodes move to the cohorts that will be reclaimed least often, at
 no pause of their own (README, "Policies against the rescale-free bound": +0.19 and +0.24 points
-of the bound for `--tfwd auto` over keeping every node, means of six starts). So does every job
-that regroups anyway: one that shrinks, and one already in a pause (`paused_s`: a reclaim just
-hit it, or it grew seconds ago), even at its size. Their nodes go on the table with the free
-ones, so jobs hit by the same reclaim also swap among themselves (README: +0.07 points, 24
-starts).
+of the bound for `--tfwd auto` over keeping every node, means of six starts). A shrinking job
+regroups too, so every job that changes size puts all of its nodes on the table with the free
+ones, and what one gives up another may take: the jobs that regroup at one decision swap among
+themselves (README: +0.08 points, 24 starts). A job that keeps its size keeps its nodes, even in
+a pause: moving it then measured as noise for `auto` and a loss for fixed horizons, which place
+without expected idle times.
 
 Within a group, nodes are taken in machine order, from the end the main scheduler takes back
 last when that is known (`order`, learned by core.reclaim_order: Summit's takes a cohort's
@@ -103,10 +104,10 @@ def place(jobs: Sequence[JobRequest], sizes: Sequence[int], nodes: Sequence[str]
     regrouping: list[int] = []
     for i, (job, n) in enumerate(zip(jobs, sizes)):
         cur = list(job.current_nodes)
-        if fate and n > 0 and (n != len(cur) or job.paused_s > 0):
-            free.extend(cur)        # it regroups anyway: every node it holds is on the table
+        if fate and n > 0 and n != len(cur):
+            free.extend(cur)        # it regroups: every node it holds is on the table
             regrouping.append(i)
-        elif n <= len(cur):      # keeps its size, or stops (n = 0), or shrinks on racks
+        elif n <= len(cur):      # keeps its size, stops (n = 0), or shrinks on racks
             kept = cur if n == len(cur) else _keep(cur, n, expect)
             assignment[job.id] = kept
             if n < len(cur):

@@ -148,8 +148,8 @@ def check_mapping(p: Problem, assignment: dict[str, list[str]], sizes: dict[str,
         n, got, cur = sizes[j.id], set(assignment[j.id]), set(j.current_nodes)
         assert len(assignment[j.id]) == n
         assert n == 0 or j.min_nodes <= n <= j.max_nodes, (j.id, n, j.min_nodes, j.max_nodes)
-        if n == len(cur) and not j.paused_s:
-            assert got == cur, f"job {j.id} keeps its size, is not in a pause, and still moves"
+        if n == len(cur):
+            assert got == cur, f"job {j.id} keeps its size and still moves"
         elif not p.since and n <= len(cur):
             assert got <= cur, f"job {j.id} does not grow but gains nodes (racks: no trade)"
         elif not p.since:
@@ -373,31 +373,24 @@ def test_the_job_a_reclaim_costs_most_chooses_first() -> None:
     assert free_hit.assignment["F"] == ["b01n01", "b01n02"]
 
 
-def test_a_job_in_a_pause_trades_at_its_size() -> None:
-    """A job already in a pause (a reclaim's regroup under way) moves to the cohorts worth most
-    without growing: the regroup takes the new membership at no pause of its own. Jobs that
-    regroup swap among themselves, the one a reclaim costs most choosing first; a job that keeps
-    its size outside a pause keeps its nodes."""
-    curve = Curve((1, 8), (100.0, 800.0))
-    bad = ("a01n01", "a01n02")                                      # what the reclaim left of its cohort
-    good = ("b01n01", "b01n02")
-    since = {**{x: 100.0 for x in bad}, **{x: 200.0 for x in good}}
-    expect = {**{x: 50.0 for x in bad}, **{x: 5000.0 for x in good}}
-    hit = JobRequest("P", 1, 2, curve, scale_down_seconds=10.0, current_nodes=bad, paused_s=10.0)
-    plan = allocate(Problem([*bad, *good], [hit], 100.0, expect=expect, since=since))
-    assert plan.sizes == {"P": 2} and plan.assignment["P"] == list(good)
-    calm = allocate(Problem([*bad, *good], [replace(hit, paused_s=0.0)], 100.0, expect=expect, since=since))
-    assert calm.assignment["P"] == list(bad)                                 # no pause, no move
-    racks = allocate(Problem([*bad, *good], [hit], 100.0, expect=expect))
-    assert racks.assignment["P"] == list(bad)                                # racks: no trade
-
-    fast = JobRequest("F", 1, 2, Curve((1, 8), (1000.0, 8000.0)), scale_down_seconds=10.0,
-                      current_nodes=bad, paused_s=10.0)
-    slow = replace(hit, id="S", current_nodes=good)
-    both = allocate(Problem([*bad, *good], [slow, fast], 100.0, expect=expect, since=since))
-    assert both.assignment == {"F": list(good), "S": list(bad)}
-    one = allocate(Problem([*bad, *good], [replace(slow, paused_s=0.0), fast], 100.0, expect=expect, since=since))
-    assert one.assignment == {"F": list(bad), "S": list(good)}              # S is not regrouping
+def test_jobs_that_regroup_swap_nodes() -> None:
+    """Every job that changes size regroups, so it puts all of its nodes on the table: a growing
+    job whose reclaim costs most takes the long-lived cohort a shrinking job held, and the
+    shrinking job takes what is left. A job that keeps its size keeps its nodes, even in a pause."""
+    bad = ("a01n01", "a01n02")
+    good = tuple(f"b01n0{i}" for i in range(1, 5))
+    since = {**{x: 100.0 for x in bad}, **{x: 200.0 for x in good}, "c01n01": 300.0}
+    expect = {**{x: 50.0 for x in bad}, **{x: 5000.0 for x in good}, "c01n01": 10.0}
+    nodes = [*bad, *good, "c01n01"]
+    fast = JobRequest("F", 3, 3, Curve((1, 8), (1000.0, 8000.0)), scale_down_seconds=10.0, current_nodes=bad)
+    slow = JobRequest("S", 3, 3, Curve((1, 8), (100.0, 800.0)), scale_down_seconds=10.0, current_nodes=good)
+    plan = allocate(Problem(nodes, [slow, fast], 100.0, expect=expect, since=since))
+    assert plan.sizes == {"F": 3, "S": 3}
+    assert sorted(plan.assignment["F"]) == list(good[:3])           # S's long-lived cohort
+    assert sorted(plan.assignment["S"]) == [*bad, good[3]]
+    paused = replace(fast, min_nodes=2, max_nodes=2, paused_s=10.0)
+    same = allocate(Problem(nodes, [slow, paused], 100.0, expect=expect, since=since))
+    assert same.assignment["F"] == list(bad)                        # keeps its size: no move
 
 
 # ---------------------------------------------------------------- other solvers and policies

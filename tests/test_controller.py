@@ -3,8 +3,6 @@ anything else, the job limit and queue order, a finished job frees its slot, one
 of events, cancellation."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from core.clock import SimClock
@@ -202,36 +200,3 @@ def test_a_reclaimed_job_is_refilled_for_what_outlasts_its_pause():
     clock.advance_to(T0 + 500)
     ctl.step([Event(T0 + 500, EventKind.NODE_JOIN, node=victim)])
     assert len(ctl.held["J"]) == 3 and victim not in ctl.held["J"]
-
-
-def test_a_job_in_a_reclaims_pause_moves_to_a_better_cohort_at_no_cost(tmp_path):
-    """A reclaim that leaves a job one node of its cohort pauses it anyway; the regroup takes it
-    to the larger free cohort at the same size (the main scheduler takes a cohort back at once),
-    with no pause, rescale or horizon stand of its own. A job outside a pause never moves."""
-    from core.store import Store
-    store = Store(tmp_path / "run.db")
-    old = [f"a01n{i:02d}" for i in range(1, 5)]
-    new = [f"b01n{i:02d}" for i in range(1, 5)]
-    ctl, clock = controller(old, ControllerConfig(tfwd=1), store)    # 1 s: a regrow never pays
-    d = ctl.dispatcher
-    ctl.submit(job("J", hi=4, total=1e12))
-    ctl.step()
-    assert sorted(ctl.held["J"]) == old
-    clock.advance_to(T0 + 100)
-    ctl.step([Event(T0 + 100, EventKind.NODE_JOIN, node=n) for n in new])
-    assert sorted(ctl.held["J"]) == old                                  # at its size, not paused
-    left = ctl.held["J"][0]
-    clock.advance_to(T0 + 200)
-    r = ctl.step([Event(T0 + 200, EventKind.NODE_LEAVE, node=n) for n in old if n != left])
-    assert len(ctl.held["J"]) == 1 and ctl.held["J"][0] in new           # traded, not grown
-    assert ctl.owner == {ctl.held["J"][0]: "J"}
-    assert d.lost_samples == pytest.approx(12 * 350)                   # the reclaim's pause alone
-    assert ctl.counters.rescales == 0 and r.changes == {}
-    assert ctl.rescaling_until["J"] == T0 + 200 + 12
-    assert ctl.horizon_learner is None or ctl.horizon_learner.stands.count == 1
-    ctl.flush()
-    rows = list(store.db["allocations"].rows_where("job = ?", ["J"], order_by="rowid"))
-    assert [(r["reason"], r["from_nodes"], r["to_nodes"]) for r in rows] == \
-        [("start", 0, 4), ("preempted", 4, 1), ("trade", 1, 1)]
-    assert json.loads(rows[-1]["added"]) == ctl.held["J"] and json.loads(rows[-1]["removed"]) == [left]
-    store.close()
