@@ -7,13 +7,13 @@ of pairs of nodes freed in the same second are reclaimed in the same second), an
 a job one pause however many of its nodes it takes, so a job spread over few cohorts is preempted
 less often. Without `since` the group is the node's rack (jobs stay compact on the machine).
 
-A shrinking job keeps the nodes of the groups worth most and gives back the rest; a job that
-keeps its size keeps its nodes. Given `expect`
-(node -> expected remaining idle seconds, learned by core.horizon), nodes likely to stay idle
-longest are worth more. With cohorts, a cohort is
-worth the node-seconds it is expected to give before its one reclaim (its nodes x their expected
-idle time); ranking by expected idle time alone, ahead of size, spread jobs over more small
-cohorts and cost 0.07-0.13 % of the rescale-free bound on every window measured (README).
+A job that keeps its size keeps its nodes; a shrinking job keeps the groups worth most (with
+cohorts it chooses among the free ones too: below). Given `expect` (node -> expected remaining
+idle seconds, learned by core.horizon), nodes likely to stay idle longest are worth more. With
+cohorts, a cohort is worth the node-seconds it is expected to give before its one reclaim (its
+nodes x their expected idle time); ranking by expected idle time alone, ahead of size, spread
+jobs over more small cohorts and cost 0.07-0.13 % of the rescale-free bound on every window
+measured (README).
 
 A growing job regroups anyway and pays one pause for it, whichever nodes join, so with cohorts
 it also *trades*: it takes the cohorts worth most among its own and the free ones, its own nodes
