@@ -27,6 +27,7 @@ from torch import nn  # noqa: E402
 
 from core.runtime import elastic  # noqa: E402
 from examples.data import make_digits  # noqa: E402
+from examples.pace import Pace  # noqa: E402
 
 
 def build_model(width: int = 16) -> nn.Module:
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-every", type=int, default=50, help="steps")
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="make each step last at least this long (a stand-in for a bigger model in demos and tests)")
+    ap.add_argument("--pace-file", default=None,
+                    help="a file holding the seconds a step lasts at least; while it holds a number, that "
+                         "number replaces --step-seconds (read again whenever the file changes)")
     args = ap.parse_args(argv)
     if args.width < 1:
         ap.error(f"--width: must be at least 1, not {args.width}")
@@ -73,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     job.attach(model, opt, dataset_size=len(x_train))
 
+    pace = Pace(args.step_seconds, args.pace_file)
     t0 = time.monotonic()
     for step in job.steps():
         t_step = time.monotonic()
@@ -82,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         (loss_sum * job.loss_weight(step)).backward()
         opt.step()
         loss = loss_sum.item() / max(1, len(idx))
-        if args.step_seconds:
-            time.sleep(max(0.0, args.step_seconds - (time.monotonic() - t_step)))
+        pace.hold(t_step)
         job.done_step(loss=loss)
         if job.rank == 0 and step % args.log_every == 0:
             print(json.dumps({"step": step, "gen": job.generation, "world": job.world_size,

@@ -1,8 +1,8 @@
 """Plain PyTorch DDP on the generated 16x16 digits: the kind of script people already run with
 `torchrun`, made to survive being stopped and restarted at another size.
 
-It imports nothing of the harvester (only the data generator next to it, examples/data.py), so
-the same file runs three ways:
+It imports nothing of the harvester (only the data generator and the step pace next to it,
+examples/data.py and examples/pace.py), so the same file runs three ways:
 
     torchrun --nnodes=1 --nproc-per-node=2 examples/torchrun_digits.py --total-samples 64000
     python examples/torchrun_digits.py                 # one process, no launcher
@@ -49,11 +49,11 @@ CHECKPOINT_NAME = "torchrun_digits.pt"
 LOCAL_CHECKPOINT_DIR = "runs/torchrun_digits"
 
 
-def _load_data_module() -> ModuleType:
-    """examples/data.py by its path next to this file: no package, no sys.path change, so the
-    script can be copied anywhere together with data.py."""
-    path = Path(__file__).resolve().parent / "data.py"
-    spec = importlib.util.spec_from_file_location("torchrun_digits_data", path)
+def _load_sibling(name: str) -> ModuleType:
+    """examples/<name>.py (data, pace) by its path next to this file: no package, no sys.path
+    change, so the script can be copied anywhere together with data.py and pace.py."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"torchrun_digits_{name}", path)
     assert spec is not None and spec.loader is not None, f"cannot load {path}"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -200,6 +200,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="make each step last at least this long (a stand-in for a bigger model)")
+    ap.add_argument("--pace-file", default=None,
+                    help="a file holding the seconds a step lasts at least; while it holds a number, that "
+                         "number replaces --step-seconds (read again whenever the file changes)")
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps")
     ap.add_argument("--checkpoint-dir", default=os.environ.get("HARVEST_CHECKPOINT_DIR") or LOCAL_CHECKPOINT_DIR,
                     help="default: $HARVEST_CHECKPOINT_DIR, else %(default)s")
@@ -231,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = (torch.from_numpy(a).to(device)
-                                        for a in _load_data_module().make_digits(seed=args.seed))
+                                        for a in _load_sibling("data").make_digits(seed=args.seed))
     order = SampleOrder(len(x_train), args.global_batch, args.total_samples, args.seed)
     total_steps = math.ceil(args.total_samples / args.global_batch)
     net = build_model().to(device)
@@ -261,6 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if rank == 0:
         say(f"start step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
             f"world={world_size} backend={backend} resumed={ckpt is not None}")
+    pace = _load_sibling("pace").Pace(args.step_seconds, args.pace_file)
     loss, t0 = float("nan"), time.monotonic()
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     updating = False
@@ -282,8 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             step += 1
             updating = False
             loss = loss_sum.item() / max(1, len(idx))
-            if args.step_seconds:
-                time.sleep(max(0.0, args.step_seconds - (time.monotonic() - t_step)))
+            pace.hold(t_step)
             if rank == 0 and (step % args.log_every == 0 or step == total_steps):
                 say(f"step={step} samples={samples_at(step, args.global_batch, args.total_samples)} "
                     f"loss={loss:.4f}")

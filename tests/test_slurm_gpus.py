@@ -30,6 +30,7 @@ from tests.support.fakeslurm import fake_slurm
 from tests.support.procs import environ_of, leftovers, run_module, worker_pid
 from tests.support.server import ROOT, start_app
 from tests.support.slurm import GPUS, alive, parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
@@ -154,7 +155,7 @@ def test_a_job_runs_one_rank_per_gpu_and_a_preempted_node_takes_both(cluster, tm
                     "--slurm-watch", ",".join(HARVESTED), "--slurm-pilot-logs", str(tmp_path),
                     "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler")
     try:
-        jid, pilots = _two_ranks_per_node(app, cluster)
+        jid, pilots = _two_ranks_per_node(app, cluster, PaceFile(tmp_path, 0.05))
     finally:
         app.stop()
     print(app.output()[-3000:])
@@ -165,12 +166,12 @@ def test_a_job_runs_one_rank_per_gpu_and_a_preempted_node_takes_both(cluster, tm
          "every pilot process gone")
 
 
-def _two_ranks_per_node(app, cluster) -> tuple[str, dict[str, str]]:
+def _two_ranks_per_node(app, cluster, pace: PaceFile) -> tuple[str, dict[str, str]]:
     clu = lambda: app.get("/api/cluster")[1]
     status, job = app.request("POST", "/api/jobs", {
         "name": "digits, a rank per GPU", "min_nodes": 1, "max_nodes": len(HARVESTED), "total_samples": TOTAL,
         "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0, "global_batch": GLOBAL_BATCH,
-        "command": [sys.executable, "examples/digits_cnn.py", "--seed", "5", "--step-seconds", "0.05",
+        "command": [sys.executable, "examples/digits_cnn.py", "--seed", "5", *pace.args,
                     "--log-every", "1000000"]}, token=app.token("alice"))
     assert status == 201, job
     wait(lambda: clu()["kpis"]["idle"] == len(HARVESTED), 60, "pilots on the 3 nodes", clu)
@@ -214,6 +215,7 @@ def _two_ranks_per_node(app, cluster) -> tuple[str, dict[str, str]]:
     wait(at(2), 30, "the job on 2 nodes x 2 ranks", workers)
     assert get()["state"] == "running"
 
+    pace.release()
     wait(lambda: (workers(), get()["state"] == "done")[1], 300, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final

@@ -3,7 +3,7 @@
 every K steps and on SIGTERM (which torchrun's agent forwards to every worker), and a second run
 at another size resumes from that step and ends with exactly the total samples; copied out of
 the repository with `python -I` and the harvester's environment contract set by hand, it runs
-too; and it imports nothing of this project (only examples/data.py, by path)."""
+too; and it imports nothing of this project (only examples/data.py and examples/pace.py, by path)."""
 from __future__ import annotations
 
 import ast
@@ -27,6 +27,7 @@ from tests.support.waiting import wait
 
 SCRIPT = ROOT / "examples" / "torchrun_digits.py"
 DATA = ROOT / "examples" / "data.py"
+PACE = ROOT / "examples" / "pace.py"
 GLOBAL_BATCH = 32
 STEPS = 120
 TOTAL = GLOBAL_BATCH * STEPS
@@ -122,13 +123,14 @@ def test_under_plain_torchrun_it_checkpoints_on_sigterm_and_resumes_at_another_s
 
 def test_the_harvester_contract_by_hand_runs_a_copy_outside_the_repository(tmp_path: Path, job: str):
     """What the harvester does for a 1-rank generation: torchrun's variables, no torchrun, and
-    HARVEST_CHECKPOINT_DIR instead of --checkpoint-dir. The script and data.py are copied away
-    and run with `python -I` (no PYTHONPATH, no script folder on sys.path beyond its own load
-    of data.py), so nothing of this project can be imported."""
+    HARVEST_CHECKPOINT_DIR instead of --checkpoint-dir. The script, data.py and pace.py are
+    copied away and run with `python -I` (no PYTHONPATH, no script folder on sys.path beyond its
+    own load of data.py and pace.py), so nothing of this project can be imported."""
     copy = tmp_path / "byo"
     copy.mkdir()
     shutil.copy(SCRIPT, copy / SCRIPT.name)
-    shutil.copy(DATA, copy / DATA.name)
+    for sibling in (DATA, PACE):
+        shutil.copy(sibling, copy / sibling.name)
     ckpt = tmp_path / "harvest-ckpt"
     env = environment(job, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), TORCHELASTIC_RESTART_COUNT="0",
@@ -161,7 +163,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_script_imports_only_the_standard_library_torch_and_numpy():
-    for path in (SCRIPT, DATA):
+    for path in (SCRIPT, DATA, PACE):
         outside = imported_modules(path) - set(sys.stdlib_module_names) - {"__future__", "torch", "numpy"}
         assert not outside, f"{path.name} imports {sorted(outside)}"
         assert not imported_modules(path) & PROJECT_PACKAGES
@@ -169,4 +171,4 @@ def test_the_script_imports_only_the_standard_library_torch_and_numpy():
     touches_sys_path = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
                         and isinstance(n.value, ast.Name) and n.value.id == "sys"]
     assert not touches_sys_path, f"sys.path used at lines {touches_sys_path}: no way back into the repository"
-    assert 'Path(__file__).resolve().parent / "data.py"' in SCRIPT.read_text()
+    assert 'Path(__file__).resolve().parent / f"{name}.py"' in SCRIPT.read_text()

@@ -13,6 +13,7 @@ from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from tests.support.files import ROOT
 from tests.support.procs import environ_of, leftovers
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -33,12 +34,13 @@ def live(tmp_path):
     h.close()
 
 
-def test_grow_shrink_vacate_kill_and_finish_exactly(live):
+def test_grow_shrink_vacate_kill_and_finish_exactly(live, tmp_path):
     h, names = live
+    pace = PaceFile(tmp_path, 0.03)
     spec = JobSpec(name="digits", min_nodes=1, max_nodes=3, total_samples=TOTAL, curve="1:100, 3:300",
                    scale_up_seconds=0, scale_down_seconds=0, global_batch=GLOBAL_BATCH,
                    command=[sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "--seed", "1",
-                            "--log-every", "1000000", "--step-seconds", "0.03"])
+                            "--log-every", "1000000", *pace.args])
     job = h.submit(spec, "alice")
     d = h.dispatcher
     st = lambda: d.status(job.id) or {}
@@ -61,6 +63,7 @@ def test_grow_shrink_vacate_kill_and_finish_exactly(live):
     victim = d._runs[job.id].handles[names[1]]
     d.transport.kill(victim)
     wait(lambda: names[1] in st().get("lost", []), 10, "the killed worker seen as lost")
+    pace.release()
     losses = []
 
     def finished():

@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.procs import environ_of, leftovers, worker_pid
 from tests.support.server import ROOT, start_app
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -38,7 +39,8 @@ def app(tmp_path, netns_cluster):
     proc.stop()
 
 
-def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app, netns_cluster):
+def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app, netns_cluster, tmp_path):
+    pace = PaceFile(tmp_path, 0.03)
     cluster, head = netns_cluster, netns_cluster.head
     staff, alice = app.token("staff1"), app.token("alice")
     node = lambda n, cmd: app.request("POST", f"/api/nodes/{n}/{cmd}", token=staff)
@@ -48,7 +50,7 @@ def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app
         "name": "digits across hosts", "min_nodes": 1, "max_nodes": 3, "total_samples": TOTAL,
         "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0,
         "global_batch": GLOBAL_BATCH, "command": [sys.executable, "examples/digits_cnn.py", "--seed", "3",
-                                                  "--step-seconds", "0.03"]}, token=alice)
+                                                  *pace.args]}, token=alice)
     assert status == 201, job
     jid = job["id"]
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
@@ -86,6 +88,7 @@ def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app
     os.kill(victim, signal.SIGKILL)
     wait(lambda: NODES[1] in (workers().get("lost") or []) or workers().get("world_size", 3) < 3, 15,
          "the killed worker noticed", workers)
+    pace.release()
     wait(lambda: get()["state"] == "done", 300, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final

@@ -17,6 +17,7 @@ import pytest
 from core.runtime import ranks
 from tests.support.procs import environ_of, leftovers, worker_pid
 from tests.support.server import ROOT, start_app
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 60                  # not a multiple of 4: the shards of 4 and 6 ranks differ in size
@@ -74,7 +75,8 @@ def _check_generation(g: dict) -> None:
         assert place["device"] == "cpu"
 
 
-def test_two_ranks_per_node_grow_reclaim_crash_and_finish(cluster):
+def test_two_ranks_per_node_grow_reclaim_crash_and_finish(cluster, tmp_path):
+    pace = PaceFile(tmp_path, 0.03)
     app, nodes = cluster
     staff, alice = app.token("staff1"), app.token("alice")
     node = lambda n, cmd: app.request("POST", f"/api/nodes/{n}/{cmd}", token=staff)
@@ -83,7 +85,7 @@ def test_two_ranks_per_node_grow_reclaim_crash_and_finish(cluster):
         "name": "digits, 2 ranks per node", "min_nodes": 1, "max_nodes": 3, "total_samples": TOTAL,
         "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0,
         "global_batch": GLOBAL_BATCH, "command": [sys.executable, "examples/digits_cnn.py", "--seed", "3",
-                                                  "--step-seconds", "0.03"]},
+                                                  *pace.args]},
         token=alice)
     assert status == 201, job
     jid = job["id"]
@@ -128,6 +130,7 @@ def test_two_ranks_per_node_grow_reclaim_crash_and_finish(cluster):
          "the node out of the group", workers)
 
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
+    pace.release()
     wait(lambda: (workers(), get()["state"] == "done")[1], 300, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.server import ROOT, start_app
 from tests.support.procs import leftovers, worker_pid
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -35,7 +36,8 @@ def app(tmp_path, sshd_server):
     proc.stop()
 
 
-def test_a_job_grows_shrinks_loses_a_node_and_finishes_over_ssh(app, sshd_server):
+def test_a_job_grows_shrinks_loses_a_node_and_finishes_over_ssh(app, sshd_server, tmp_path):
+    pace = PaceFile(tmp_path, 0.03)
     staff, alice = app.token("staff1"), app.token("alice")
     node = lambda n, cmd: app.request("POST", f"/api/nodes/{n}/{cmd}", token=staff)
     for n in NODES[2:]:
@@ -44,7 +46,7 @@ def test_a_job_grows_shrinks_loses_a_node_and_finishes_over_ssh(app, sshd_server
         "name": "digits over ssh", "min_nodes": 1, "max_nodes": 3, "total_samples": TOTAL,
         "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0,
         "global_batch": GLOBAL_BATCH, "command": [sys.executable, "examples/digits_cnn.py", "--seed", "2",
-                                                  "--step-seconds", "0.03"]},
+                                                  *pace.args]},
         token=alice)
     assert status == 201, job
     jid = job["id"]
@@ -76,6 +78,7 @@ def test_a_job_grows_shrinks_loses_a_node_and_finishes_over_ssh(app, sshd_server
          "the killed worker noticed", workers)
     refused = app.request("POST", f"/api/workers/{jid}/report", {"step": 1, "samples": 64}, token="not-the-job-token")
     assert refused[0] == 401, refused
+    pace.release()
     wait(lambda: get()["state"] == "done", 300, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final

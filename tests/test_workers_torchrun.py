@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.procs import leftovers
 from tests.support.server import ROOT, start_app
+from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
 GLOBAL_BATCH = 64
@@ -54,7 +55,8 @@ def _samples(line_kind: str, text: str) -> list[int]:
     return [int(m) for m in re.findall(rf"^{line_kind} step=\d+ samples=(\d+)", text, re.M)]
 
 
-def test_a_torchrun_job_restarts_from_its_checkpoint_on_every_change(cluster):
+def test_a_torchrun_job_restarts_from_its_checkpoint_on_every_change(cluster, tmp_path):
+    pace = PaceFile(tmp_path, 0.03)
     app, nodes = cluster
     staff, alice = app.token("staff1"), app.token("alice")
     node = lambda n, cmd: app.request("POST", f"/api/nodes/{n}/{cmd}", token=staff)
@@ -65,7 +67,7 @@ def test_a_torchrun_job_restarts_from_its_checkpoint_on_every_change(cluster):
         "total_samples": TOTAL, "curve": "1:100, 3:300", "scale_up_seconds": 0, "scale_down_seconds": 0,
         "stop_grace_seconds": 20,
         "command": [sys.executable, SCRIPT, "--total-samples", str(TOTAL), "--global-batch", str(GLOBAL_BATCH),
-                    "--step-seconds", "0.03", "--checkpoint-every", "50", "--log-every", "5"]}, token=alice)
+                    *pace.args, "--checkpoint-every", "50", "--log-every", "5"]}, token=alice)
     assert status == 201, job
     jid = job["id"]
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
@@ -78,6 +80,7 @@ def test_a_torchrun_job_restarts_from_its_checkpoint_on_every_change(cluster):
     wait(nodes_now(3), 180, "growth to 3 nodes", get)
     assert node(nodes[2], "reclaim")[0] == 200
     wait(nodes_now(2), 180, "2 nodes after the reclaim", get)
+    pace.release()
     wait(lambda: get()["state"] == "done", 400, "the job to finish", get)
     final = get()
     assert final["samples_done"] == TOTAL, final
