@@ -28,7 +28,7 @@ from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import parent, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
+from tests.support.slurm import MAIN_JOB_S, parent, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
@@ -82,6 +82,8 @@ def _acceptance(app, cluster):
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
                        and get()["nodes"] == k)
     wait(world(8), 150, "the job training on 8 nodes", workers)
+    wait(lambda: workers()["committed_step"] > (workers()["last_rescale"]["start_step"] or 0) + 10, 30,
+         "10 steps into the generation", workers)
     for n in NODES:       # each worker runs inside the pilot that holds its node: the pilot's child
         found = {p: e for p, e in processes_with_env(f"HARVEST_NODE={n}").items() if f"HARVEST_JOB={jid}".encode() in e}
         assert len(found) == 1, n
@@ -92,7 +94,7 @@ def _acceptance(app, cluster):
 
     # a main job needs 4 nodes: Slurm preempts 4 pilots, which give their nodes back at once
     t0 = time.monotonic()
-    main = cluster.sbatch("-p", "main", "-N", "4", "--wrap", "sleep 5", "-o", "/dev/null")
+    main = cluster.sbatch("-p", "main", "-N", "4", "--wrap", f"sleep {MAIN_JOB_S}", "-o", "/dev/null")
     wait(lambda: cluster.job_state(main) == "RUNNING", 10, "the main job to start", period=0.02)
     main_start = time.monotonic() - t0
     taken = cluster.run("scontrol", "show", "hostnames", cluster.jobs()[main]["nodes"]).stdout.split()
@@ -106,7 +108,7 @@ def _acceptance(app, cluster):
     wait(lambda: workers()["committed_step"] > step + 5, 30, "the job to keep training on 4 nodes", workers)
 
     # the main job ends: the 4 nodes are harvested again and the job grows back
-    wait(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING"), 15, "the main job's end")
+    wait(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING"), MAIN_JOB_S + 15, "the main job's end")
     wait(lambda: clu()["kpis"]["idle"] == 8, 60, "the 4 nodes harvested again", clu)
     wait(world(8), 150, "the job grown back to 8", workers)
     assert get()["state"] == "running"

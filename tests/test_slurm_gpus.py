@@ -29,7 +29,7 @@ from core.transports.base import NodeSpec
 from tests.support.fakeslurm import fake_slurm
 from tests.support.procs import environ_of, leftovers, run_module, worker_pid
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import GPUS, alive, parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
+from tests.support.slurm import GPUS, MAIN_JOB_S, alive, parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.pace import PaceFile
 from tests.support.waiting import wait
 
@@ -190,6 +190,8 @@ def _two_ranks_per_node(app, cluster, pace: PaceFile) -> tuple[str, dict[str, st
     at = lambda n: (lambda: (lambda w: w.get("nodes") == n and w.get("world_size") == n * GPUS
                              and not w.get("regrouping"))(workers()))
     wait(at(3), 150, "3 nodes x 2 ranks", workers)
+    wait(lambda: workers()["committed_step"] > (workers()["last_rescale"]["start_step"] or 0) + 10, 30,
+         "10 steps into the generation", workers)
 
     # each pilot started both ranks of its node: its children, in its Slurm job, with its GPUs
     for n in HARVESTED:
@@ -207,7 +209,7 @@ def _two_ranks_per_node(app, cluster, pace: PaceFile) -> tuple[str, dict[str, st
     victim = HARVESTED[-1]
     pids = [worker_pid(jid, k) for k in ranks.keys_of(victim, GPUS)]
     t0 = time.monotonic()
-    main = cluster.sbatch("-p", "main", "-w", victim, "-N", "1", "--wrap", "sleep 5", "-o", "/dev/null")
+    main = cluster.sbatch("-p", "main", "-w", victim, "-N", "1", "--wrap", f"sleep {MAIN_JOB_S}", "-o", "/dev/null")
     wait(lambda: not any(alive(p) for p in pids), 10, f"both ranks of {victim} gone", period=0.02)
     vacate_s = time.monotonic() - t0
     wait(lambda: cluster.job_state(main) in ("RUNNING", "COMPLETING", "COMPLETED"), 10, "the main job to start")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import parent, processes_with_env, slurm_netns_cluster, submit_digits  # noqa: F401  (the fixture)
+from tests.support.slurm import MAIN_JOB_S, parent, processes_with_env, slurm_netns_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 NODES = ["node1", "node2", "node3"]
@@ -100,7 +100,7 @@ def _harvest_preempt_vacate(app, slurm, hosts):
 
     # a main job needs node2 and node3: Slurm preempts their pilots, the harvester vacates them
     t0 = time.monotonic()
-    main = slurm.sbatch("-p", "main", "-N", "2", "-w", ",".join(TAKEN), "--wrap", "sleep 5", "-o", "/dev/null")
+    main = slurm.sbatch("-p", "main", "-N", "2", "-w", ",".join(TAKEN), "--wrap", f"sleep {MAIN_JOB_S}", "-o", "/dev/null")
     wait(lambda: slurm.job_state(main) == "RUNNING", 10, "the main job to start", period=0.02)
     print(f"main job started {time.monotonic() - t0:.2f} s after its submission")
     wait(world(1), 30, "the job shrunk to node1", workers)
@@ -117,7 +117,7 @@ def _harvest_preempt_vacate(app, slurm, hosts):
     wait(lambda: workers()["committed_step"] > step + 5, 30, "the job to keep training on node1", workers)
 
     # the main job ends: new pilots harvest node2 and node3 again, in their namespaces
-    wait(lambda: slurm.job_state(main) == "COMPLETED", 15, "the main job to complete",
+    wait(lambda: slurm.job_state(main) == "COMPLETED", MAIN_JOB_S + 15, "the main job to complete",
          lambda: slurm.job_state(main))
     wait(world(3), 60, "the job grown back to 3", workers)
     again = {j["nodes"]: j["job_id"] for j in slurm.jobs().values()

@@ -42,6 +42,10 @@ DAEMONS = ("slurmctld", "slurmd", "munged")
 START_TIMEOUT_S = 120.0   # the init's own waits, one restart of the slurmds included
 #: GPUs per node (GRES gpu), as on the nodes of a GPU supercomputer
 GPUS = 2
+#: how long the tests' main jobs run: longer than the 10 s a surviving rank may wait on a dead peer
+#: (the workers' process-group timeout) plus its regroup, so the job is seen at its shrunk size
+#: before the main job ends and the nodes are harvested again
+MAIN_JOB_S = 15
 
 CONF = """\
 ClusterName=harvest-test
