@@ -28,7 +28,7 @@ from core.slurm.cli import SlurmCli
 from core.slurm.settings import SettingError, SlurmSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import MAIN_JOB_S, parent, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
+from tests.support.slurm import MAIN_JOB_S, parent, processes_with_env, slurm_cluster, steps_into_generation, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
@@ -82,8 +82,7 @@ def _acceptance(app, cluster):
     world = lambda k: (lambda: workers().get("world_size") == k and not workers().get("regrouping")
                        and get()["nodes"] == k)
     wait(world(8), 150, "the job training on 8 nodes", workers)
-    wait(lambda: workers()["committed_step"] > (workers()["last_rescale"]["start_step"] or 0) + 10, 30,
-         "10 steps into the generation", workers)
+    wait(lambda: steps_into_generation(workers(), 10), 30, "10 steps into the generation", workers)
     for n in NODES:       # each worker runs inside the pilot that holds its node: the pilot's child
         found = {p: e for p, e in processes_with_env(f"HARVEST_NODE={n}").items() if f"HARVEST_JOB={jid}".encode() in e}
         assert len(found) == 1, n

@@ -29,8 +29,9 @@ from core.transports.base import NodeSpec
 from tests.support.fakeslurm import fake_slurm
 from tests.support.procs import environ_of, leftovers, run_module, worker_pid
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import GPUS, MAIN_JOB_S, alive, parent, processes_with_env, slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.pace import PaceFile
+from tests.support.slurm import (GPUS, MAIN_JOB_S, alive, parent, processes_with_env, slurm_cluster,  # noqa: F401  (the fixture)
+                                 steps_into_generation)
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
@@ -190,8 +191,7 @@ def _two_ranks_per_node(app, cluster, pace: PaceFile) -> tuple[str, dict[str, st
     at = lambda n: (lambda: (lambda w: w.get("nodes") == n and w.get("world_size") == n * GPUS
                              and not w.get("regrouping"))(workers()))
     wait(at(3), 150, "3 nodes x 2 ranks", workers)
-    wait(lambda: workers()["committed_step"] > (workers()["last_rescale"]["start_step"] or 0) + 10, 30,
-         "10 steps into the generation", workers)
+    wait(lambda: steps_into_generation(workers(), 10), 30, "10 steps into the generation", workers)
 
     # each pilot started both ranks of its node: its children, in its Slurm job, with its GPUs
     for n in HARVESTED:

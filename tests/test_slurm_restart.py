@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.support.server import ROOT, start_app
-from tests.support.slurm import DIGITS_BATCH, processes_with_env, slurm_cluster, submit_digits  # noqa: F401  (the fixture)
+from tests.support.slurm import DIGITS_BATCH, processes_with_env, slurm_cluster, steps_into_generation, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
 NODES = [f"node{i}" for i in range(1, 9)]
@@ -44,8 +44,8 @@ def test_a_killed_harvester_is_restarted_with_its_pilots_and_the_job_trains_on(c
         workers = lambda a: a.get(f"/api/jobs/{jid}")[1].get("workers") or {}
         on8 = lambda a: (lambda w: w if w.get("world_size") == 8 and not w.get("regrouping") else None)(workers(a))
         wait(lambda: on8(app), 180, "the job training on 8 nodes", lambda: workers(app))
-        st = wait(lambda: (lambda w: w if w and w["committed_step"] > (w["last_rescale"]["start_step"] or 0) + 20
-                           else None)(on8(app)), 60, "20 steps into the generation", lambda: workers(app))
+        st = wait(lambda: (lambda w: w if w and steps_into_generation(w, 20) else None)(on8(app)), 60,
+                  "20 steps into the generation", lambda: workers(app))
         pilots = _pilots(cluster)
         assert sorted(pilots.values()) == NODES, pilots
         pids = set(processes_with_env(f"HARVEST_JOB={jid}"))

@@ -47,6 +47,12 @@ GPUS = 2
 #: before the main job ends and the nodes are harvested again
 MAIN_JOB_S = 15
 
+
+def steps_into_generation(workers: dict, steps: int) -> bool:
+    """Whether the job's current generation (its `workers` status) has committed more than
+    `steps` steps: past its set-up, where the tests preempt."""
+    return workers["committed_step"] > (workers["last_rescale"]["start_step"] or 0) + steps
+
 CONF = """\
 ClusterName=harvest-test
 SlurmctldHost=localhost
