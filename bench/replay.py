@@ -22,10 +22,11 @@ from core.replay import TIMING_KEYS
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(args: list[str]) -> dict:
+def run(args: list[str], cwd: Path = ROOT) -> dict:
+    """One `python -m core.replay` of the tree at `cwd` (another checkout for bench.paired)."""
     cmd = [sys.executable, "-m", "core.replay", "--json", "--no-progress", *args]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr}")
     out = json.loads(p.stdout.strip().splitlines()[-1])

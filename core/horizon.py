@@ -9,8 +9,8 @@ now have lasted at least their age so far (right-censored). The horizon of a dec
 Kaplan-Meier median of those stands, one for every job (a rescale is a bet that the new
 allocation stands long enough; the median is the span over which it wins more often than not,
 and on heavy-tailed stands the mean is ruled by a few quiet nights). Per-job horizons from the
-nodes each job holds were measured too and lost to it (README, "Policies against the
-rescale-free bound"): their spread made jobs thrash.
+nodes each job holds were measured too and lost to it (docs/policy-experiments.md): their spread
+made jobs thrash.
 
 The idle fragments give what placement needs: every fragment that ended is one observation of a
 node's idle time, every node idle now one still going. From their survival S(t), for a node idle

@@ -13,17 +13,17 @@ idle seconds, learned by core.horizon), nodes likely to stay idle longest are wo
 cohorts, a cohort is worth the node-seconds it is expected to give before its one reclaim (its
 nodes x their expected idle time); ranking by expected idle time alone, ahead of size, spread
 jobs over more small cohorts and cost 0.07-0.13 % of the rescale-free bound on every window
-measured (README).
+measured (docs/policy-experiments.md, like every figure here).
 
 A growing job regroups anyway and pays one pause for it, whichever nodes join, so with cohorts
 it also *trades*: it takes the cohorts worth most among its own and the free ones, its own nodes
 first within a cohort, and gives back the nodes of its cohorts that did not make the cut. Over
 the regroups a job makes, its nodes move to the cohorts that will be reclaimed least often, at
-no pause of their own (README, "Policies against the rescale-free bound": +0.19 and +0.24 points
-of the bound for `--tfwd auto` over keeping every node, means of six starts). A shrinking job
+no pause of their own (+0.19 and +0.24 points of the bound for `--tfwd auto` over keeping every
+node, means of six starts). A shrinking job
 regroups too, so every job that changes size puts all of its nodes on the table with the free
 ones, and what one gives up another may take: the jobs that regroup at one decision swap among
-themselves (README: +0.08 points, 24 starts). A job that keeps its size keeps its nodes, even in
+themselves (+0.08 points, 24 starts). A job that keeps its size keeps its nodes, even in
 a pause: moving it then measured as noise for `auto` and a loss for fixed horizons, which place
 without expected idle times.
 
@@ -31,12 +31,12 @@ Within a group, nodes are taken in machine order, from the end the main schedule
 last when that is known (`order`, learned by core.reclaim_order: Summit's takes a cohort's
 first-named nodes first, so jobs fill from its last), from the first node otherwise. What is left
 free of a cohort is then what its next reclaim takes: on the Summit windows that raised `auto`
-from 96.66 to 96.82 % and from 96.92 to 97.14 % of the rescale-free bound (README).
+from 96.66 to 96.82 % and from 96.92 to 97.14 % of the rescale-free bound.
 
 Regrouping jobs choose in turn, the one a reclaim would cost most first (its scale-down pause at
 its new throughput, `hit_cost`), so the nodes likely to be reclaimed soonest go to the jobs a
 reclaim costs least: +0.04 points of the bound for `auto`, mean of 24 starts on four windows,
-positive on each window's mean (README). They used to go largest growth first.
+positive on each window's mean. They used to go largest growth first.
 
 With racks a growing job keeps all of its nodes and takes free ones: expected idle time first,
 compared by powers of two (a 400 s and a 500 s node are alike, a 400 s and a 4,000 s one are
