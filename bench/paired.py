@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.policy import IMAGENET, VARIANTS, free_rescaling, render, shifted
+from bench.policy import BOUND, IMAGENET, VARIANTS, free_rescaling, render, shifted
 from bench.replay import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ WINDOWS = ("2021-02-10T20:00:00Z", "2021-02-17T00:00:00Z", "2021-02-13T12:00:00Z
 
 
 class Usage(Exception):
-    """Bad arguments or an unusable revision: reported as a usage error, nothing run."""
+    """A revision that cannot be used: reported as a usage error, nothing run."""
 
 
 def commit_of(rev: str) -> str:
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.jobs.is_file():
         ap.error(f"--jobs {args.jobs}: no such file")
     windows = [w.strip() for w in args.windows.split(",") if w.strip()]
+    if not windows:
+        ap.error("--windows names no window")
     try:
-        if not windows:
-            raise Usage("--windows names no window")
         starts = {w: shifted(w, args.repeat, args.step) for w in windows}
         base_commit = commit_of(args.base) if args.base else None
         new_commit = commit_of(args.new) if args.new else None
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{args.base_variant} @ {new_commit[:12] if new_commit else 'working tree'}")
         jobs = ["--jobs", str(args.jobs.resolve())]
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bound = ["--jobs", str(free_rescaling(args.jobs, tmp / "free.csv")), "--policy", "milp", "--tfwd", "10"]
+        bound = ["--jobs", str(free_rescaling(args.jobs, tmp / "free.csv")), *BOUND]
         plan: list[tuple[str, str, Path, list[str]]] = []
         for start in every:
             window = ["--start", start, "--hours", str(args.hours), "--max-jobs", str(args.max_jobs)]

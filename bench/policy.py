@@ -52,6 +52,11 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
+#: the bound's replay, after `--jobs free_rescaling(...)`: with no rescale cost every T_fwd gives the
+#: same sizes, and placement costs nothing
+BOUND = ["--policy", "milp", "--tfwd", "10"]
+
+
 def free_rescaling(jobs: Path, out: Path) -> Path:
     """The job set with every rescale cost 0: the bound's replay (nothing else changes)."""
     with jobs.open(newline="") as fh:
@@ -137,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         plan: list[tuple[str, str, list[str]]] = []
         for start in starts:
             base = ["--start", start, "--hours", str(args.hours), "--max-jobs", str(args.max_jobs)]
-            # with no rescale cost every T_fwd gives the same sizes, and placement costs nothing
-            plan.append((start, "bound", [*base, "--jobs", str(free), "--policy", "milp", "--tfwd", "10"]))
+            plan.append((start, "bound", [*base, "--jobs", str(free), *BOUND]))
             plan += [(start, n, [*base, "--jobs", str(args.jobs), *VARIANTS[n]]) for n in names]
 
         def one(item: tuple[str, str, list[str]]) -> tuple[tuple[str, str], dict]:
