@@ -14,6 +14,7 @@ model as the web form.
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
     POST   /api/replay/<pause|resume|speed>    staff only
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
+    POST   /api/nodes/<name>/clear         staff only, Slurm source: a node skipped after failed pilots gets one again
     POST   /api/workers/<job>/report           a job's workers, with the job's own token
 """
 from __future__ import annotations
@@ -283,18 +284,22 @@ def worker_report(job_id):
 
 @bp.post("/nodes/<node>/<command>")
 def node(node, command):
-    """Staff play the node owner on a static source: take a node back, or give it again."""
-    refused = _not_staff("reclaim or release nodes")
+    """Staff play the node owner on a static source (take a node back, give it again), or clear
+    a Slurm node skipped after failed pilots so that it gets one again at once."""
+    refused = _not_staff("reclaim, release or clear nodes")
     if refused:
         return refused
     h = context.harvester
-    if not h.capabilities.operates_nodes:
+    if command not in ("reclaim", "release", "clear"):
+        return _err(404, f"unknown command {command}; use reclaim, release or clear")
+    if command == "clear" and not h.capabilities.clears_nodes:
+        return _err(409, "this server's node source skips no node after failures")
+    if command != "clear" and not h.capabilities.operates_nodes:
         return _err(409, "this server's node source is not operated by hand")
-    commands = {"reclaim": h.reclaim_node, "release": h.release_node}
-    if command not in commands:
-        return _err(404, f"unknown command {command}; use reclaim or release")
     try:
-        commands[command](node)
+        if command == "clear":
+            return jsonify({"node": node, "command": command, "cleared": h.clear_node(node)})
+        (h.reclaim_node if command == "reclaim" else h.release_node)(node)
     except KeyError:
         return _err(404, f"no node {node}")
     return jsonify({"node": node, "command": command})

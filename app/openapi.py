@@ -132,13 +132,14 @@ def document(version: str = "1") -> dict:
                           "409": _error("not possible on this server (a live one has no speed)"),
                           "422": _error("a speed out of range"), "503": _error("the harvester is not running")}}},
         "/api/nodes/{node}/{command}": {"post": {
-            "summary": "take a node back, or give it again (staff, live mode with a static node list)",
+            "summary": "take a node back, or give it again (staff, live mode with a static node list); "
+                       "clear a Slurm node skipped after failed pilots (staff)",
             "security": secured,
             "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}},
                            {"name": "command", "in": "path", "required": True,
-                            "schema": {"enum": ["reclaim", "release"]}}],
+                            "schema": {"enum": ["reclaim", "release", "clear"]}}],
             "responses": {**_ok("done", "Status"), **AUTH_ERRORS, "404": _error("no such node or command"),
-                          "409": _error("this server's nodes are not operated by hand")}}},
+                          "409": _error("this server's nodes are not operated by hand, or skip none after failures")}}},
     }
     return {"openapi": "3.1.0",
             "info": {"title": "Idle-node harvester API", "version": version,

@@ -12,10 +12,12 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
            "watch": "--slurm-watch", "poll_s": "--slurm-poll", "submit_batch": "--slurm-batch",
            "dry_run": "--slurm-dry-run", "hub_host": "--slurm-hub", "hub_port": "--slurm-hub",
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
-           "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf",
+           "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf", "bin_dir": "--slurm-bin",
            "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
            "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots",
-           "release_grace_s": "--slurm-release-grace", "orphan_timeout_s": "--slurm-orphan-timeout"}
+           "release_grace_s": "--slurm-release-grace", "orphan_timeout_s": "--slurm-orphan-timeout",
+           "backoff_s": "--slurm-backoff", "backoff_cap_s": "--slurm-backoff-cap",
+           "submit_per_minute": "--slurm-submit-rate"}
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -46,6 +48,8 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-advertise", default="", metavar="HOST",
                    help="the address pilots dial back (default: the --slurm-hub host)")
     g.add_argument("--slurm-conf", metavar="PATH", default="", help="slurm.conf for the Slurm commands (default: SLURM_CONF / the site's)")
+    g.add_argument("--slurm-bin", metavar="DIR", default="",
+                   help="folder holding sinfo, squeue, sbatch, scancel and scontrol (default: PATH)")
     g.add_argument("--slurm-python", metavar="PATH", default=d.python, help="the pilot's Python on the nodes (default: this one)")
     g.add_argument("--slurm-pilot-name", metavar="NAME", default=d.pilot_name, help=f"job name of the pilots (default {d.pilot_name})")
     g.add_argument("--slurm-pilot-logs", default="", metavar="DIR", help="pilot output files (default: none)")
@@ -62,6 +66,13 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help="a pilot (and its workers) that lost the harvester keeps its node, trains on and "
                         "redials this long, so a restarted harvester adopts it; 0: give the node back at once "
                         f"(default {d.orphan_timeout_s:g})")
+    g.add_argument("--slurm-backoff", metavar="S", type=float, default=d.backoff_s,
+                   help="a node whose pilot failed (ended before or soon after it connected) gets no pilot for "
+                        f"this many seconds, doubled per failure in a row (default {d.backoff_s:g})")
+    g.add_argument("--slurm-backoff-cap", metavar="S", type=float, default=d.backoff_cap_s,
+                   help=f"the longest a failing node waits (default {d.backoff_cap_s:g})")
+    g.add_argument("--slurm-submit-rate", metavar="N", type=int, default=d.submit_per_minute,
+                   help=f"pilots submitted per minute at most, all nodes together (default {d.submit_per_minute})")
 
 
 def settings_from(args) -> dict:
@@ -77,7 +88,8 @@ def settings_from(args) -> dict:
                 watch=split_list(args.slurm_watch), poll_s=args.slurm_poll, submit_batch=args.slurm_batch,
                 dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
-                log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, worker_grace_s=args.slurm_worker_grace,
+                log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, bin_dir=args.slurm_bin, worker_grace_s=args.slurm_worker_grace,
                 pending_timeout_s=args.slurm_pending_timeout, release_grace_s=args.slurm_release_grace,
                 hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots,
-                orphan_timeout_s=args.slurm_orphan_timeout)
+                orphan_timeout_s=args.slurm_orphan_timeout, backoff_s=args.slurm_backoff,
+                backoff_cap_s=args.slurm_backoff_cap, submit_per_minute=args.slurm_submit_rate)

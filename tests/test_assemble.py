@@ -112,3 +112,15 @@ def test_a_slurm_that_cannot_be_read_is_a_clear_error(tmp_path):
         built(tmp_path, live={"source": "slurm", "slurm": {"conf": str(tmp_path / "no-such-slurm.conf"),
                                                             "command_timeout_s": 2}})
     assert e.value.field == "" and e.value.message.startswith("cannot read Slurm")
+
+
+@pytest.mark.parametrize("version, sinfo, says", [
+    ("slurm 21.08.8", None, "cannot read Slurm: Slurm 21.08.8 is older than 22.05, the oldest this harvester reads"),
+    ("slurm 25.11.1", "node1 idle scavenger\n", "cannot read Slurm: cannot read the nodes of Slurm 25.11.1: "
+                                                 "sinfo line 1 has not the 5 fields asked for: 'node1 idle scavenger'"),
+    ("slurm 24.11.5", "", "partition: Slurm 24.11.5 has no partition 'scavenger' with nodes (it has none)")])
+def test_a_slurm_too_old_or_unreadable_is_one_line_naming_its_version(tmp_path, monkeypatch, version, sinfo, says):
+    fake_slurm(tmp_path, monkeypatch, version=version, sinfo=sinfo)
+    with pytest.raises(SettingsError) as e:
+        built(tmp_path, live={"source": "slurm", "dispatch": "simulated", "slurm": {"python": "/usr/bin/python3"}})
+    assert e.value.render() == says and "\n" not in says

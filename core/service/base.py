@@ -30,6 +30,7 @@ class Capabilities:
     can_set_speed: bool = False     # simulated time at a chosen speed (`set_speed`)
     runs_workers: bool = False      # real workers report progress (`worker_report`, `worker_status`)
     operates_nodes: bool = False    # staff take nodes back and give them again (`reclaim_node`)
+    clears_nodes: bool = False      # staff clear a node skipped after failed pilots (`clear_node`)
 
 
 class Unsupported(RuntimeError):
@@ -252,6 +253,11 @@ class Harvester:
     def release_node(self, node: str) -> None:
         """Staff give `node` again (`operates_nodes`); KeyError if unknown."""
         raise Unsupported("this server's node source is not operated by hand")
+
+    def clear_node(self, node: str) -> bool:
+        """Staff clear a node skipped after failures (`clears_nodes`): whether it was skipped;
+        KeyError if unknown."""
+        raise Unsupported("this server's node source skips no node after failures")
 
 
 def new_job_id(ctl: Controller) -> str:

@@ -46,7 +46,8 @@ class LiveHarvester(Harvester):
         self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
         self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
-                                         operates_nodes=source.operated_by_hand)
+                                         operates_nodes=source.operated_by_hand,
+                                         clears_nodes=source.clears_failures)
 
     def _open(self, fresh: bool) -> None:
         store = Store(self.db)
@@ -123,6 +124,11 @@ class LiveHarvester(Harvester):
         if not self.capabilities.operates_nodes:
             super().release_node(node)
         self.source.release(node, time.time())
+
+    def clear_node(self, node: str) -> bool:
+        if not self.capabilities.clears_nodes:
+            return super().clear_node(node)
+        return self.source.clear(node)
 
     def _shutdown(self) -> None:
         self.source.close()

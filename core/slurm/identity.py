@@ -10,9 +10,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import logging
+from typing import Callable
+
 from ..privatefiles import write_private
+from .hub import PilotHub, PilotLink
+from .settings import SlurmSettings
 from .tls import new_identity
 
+log = logging.getLogger(__name__)
 MIN_TOKEN_CHARS = 32
 
 
@@ -62,3 +68,31 @@ def load(path: Path) -> Optional[HubIdentity]:
 
 def save(path: Path, ident: HubIdentity) -> None:
     write_private(path, json.dumps(asdict(ident)))
+
+
+def kept(s: SlurmSettings) -> tuple[HubIdentity, bool]:
+    """The hub's port, token and certificate: those kept at `s.state_file` if an earlier run
+    left them (True: pilots of that run may be alive and redial), else new ones."""
+    ident = load(Path(s.state_file)) if s.state_file else None
+    return (ident, True) if ident is not None else (HubIdentity.new(), False)
+
+
+def open_hub(s: SlurmSettings, ident: HubIdentity, on_hello: Callable[[PilotLink], None],
+             on_leave: Callable[[PilotLink, str], None]) -> PilotHub:
+    """The hub, on the kept port unless the settings name one (then the earlier run's pilots
+    cannot redial and are given back after `pending_timeout_s`); its port is kept too."""
+    port = s.hub_port or ident.port
+
+    def hub(port: int) -> PilotHub:
+        return PilotHub(ident.token, on_hello, on_leave, s.hub_host, port,
+                        max_connections=s.hub_connection_cap, identity=(ident.cert_pem, ident.key_pem))
+    try:
+        h = hub(port)
+    except OSError as e:
+        if s.hub_port or not port:
+            raise
+        log.warning("cannot listen on port %d again (%s): pilots of the earlier run cannot redial", port, e)
+        h = hub(0)
+    if s.state_file:
+        save(Path(s.state_file), ident.with_port(h.address[1]))
+    return h

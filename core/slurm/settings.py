@@ -44,6 +44,7 @@ class SlurmSettings:
     workdir: str = str(ROOT)         # the pilots' working directory (this checkout, on the nodes)
     log_dir: str = ""                # pilot output files; '' = /dev/null
     conf: str = ""                   # SLURM_CONF for the Slurm commands; '' = the site's default
+    bin_dir: str = ""                # folder of sinfo, squeue, sbatch, scancel, scontrol; '' = PATH
     worker_grace_s: float = 0.0      # a preempted pilot's workers: SIGTERM, SIGKILL after this
     #   (0: at once. The main job waits for the node, and a preempted worker holds nothing its
     #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
@@ -51,6 +52,9 @@ class SlurmSettings:
     hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
     slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (GRES gpu), 1 without
     orphan_timeout_s: float = 600.0  # a pilot that lost the harvester keeps its node and redials this long
+    backoff_s: float = 20.0          # a node whose pilot failed waits this long, doubled per failure in a row
+    backoff_cap_s: float = 600.0     # ... but never longer than this
+    submit_per_minute: int = 120     # pilots submitted in any minute at most, all nodes together
     state_file: str = ""             # where the hub's port, token and certificate are kept ('' : nowhere)
 
     def __post_init__(self) -> None:
@@ -75,12 +79,17 @@ class SlurmSettings:
         _number(self, "worker_grace_s", 0, 600)
         _number(self, "command_timeout_s", 0.5, 600)
         _number(self, "orphan_timeout_s", 0, 7 * 24 * 3600)
+        _number(self, "backoff_s", 0, 24 * 3600)
+        _number(self, "backoff_cap_s", self.backoff_s, 7 * 24 * 3600)
+        _whole(self, "submit_per_minute", 1, MAX_PILOTS)
         if not isinstance(self.watch, tuple) or not all(isinstance(w, str) and WATCH_ITEM.match(w)
                                                         for w in self.watch):
             raise SettingError("watch", "give partition names, node names or hostlists (node[1-8]), "
                                         "comma-separated")
         if not self.hub_host or any(c.isspace() for c in self.hub_host + self.advertise):
             raise SettingError("hub_host", "give a host name or address")
+        if self.bin_dir and not Path(self.bin_dir).is_absolute():
+            raise SettingError("bin_dir", f"give the folder's absolute path, not {self.bin_dir!r}")
         if not Path(self.python).is_absolute():
             raise SettingError("python", f"give the interpreter's absolute path, not {self.python!r}")
 

@@ -52,6 +52,7 @@ class LiveNodeSource(ABC):
     name: str = ""
     #: staff play the node owner by hand (`reclaim`, `release`): a static list, not a scheduler
     operated_by_hand: bool = False
+    clears_failures: bool = False     # staff may clear a node it skips after failures (`clear`)
 
     @abstractmethod
     def node_names(self) -> list[str]:
@@ -95,6 +96,11 @@ class LiveNodeSource(ABC):
     def release(self, node: str, now: float) -> None:
         """The owner gives `node` again (only where `operated_by_hand`)."""
         raise NotImplementedError(f"{self.name} nodes are not operated by hand")
+
+    def clear(self, node: str) -> bool:
+        """Staff cleared a node the source skips after failures (only where `clears_failures`);
+        whether it was skipped. KeyError for an unknown node."""
+        raise NotImplementedError(f"{self.name} skips no node after failures")
 
     def close(self) -> None:
         """Let go of whatever the source holds (pilot jobs, connections)."""

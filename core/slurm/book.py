@@ -1,0 +1,252 @@
+"""The harvester's account of its pilots: which job holds which node, which pilots are
+pending, surplus or failing, and what each node should be told. Pure bookkeeping and policy
+under one lock, no Slurm command and no thread (core/slurm/source.py runs those), so every
+rule here is the same whichever Slurm, hub or clock drives it."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Collection, Optional
+
+from ..model import Event, EventKind
+from . import pilots
+from .backoff import SHORT_LIFE_S, PilotBackoff
+from .hub import PilotLink
+from .pilots import Pilot
+from .records import SlurmJob, SlurmNode
+from .settings import SlurmSettings
+
+log = logging.getLogger(__name__)
+#: a pilot that ended so was taken off its node by Slurm or staff, through no fault of its own
+NOT_ITS_FAULT = frozenset({"PREEMPTED", "CANCELLED", "TIMEOUT", "DEADLINE"})
+
+
+class PilotBook:
+    def __init__(self, settings: SlurmSettings, names: list[str]) -> None:
+        self.settings = s = settings
+        self.names = names                            # watched nodes, in Slurm's order
+        self.watched = set(names)
+        self.pilots: dict[str, Pilot] = {}            # job id -> a pilot of ours not known to be over
+        self.held: dict[str, str] = {}                # node -> the pilot whose hello made it a join
+        self.events: list[Event] = []
+        self.demand = 0                               # nodes the jobs could use (`want`)
+        self.in_use: frozenset[str] = frozenset()     # nodes the jobs hold
+        self.adopted: list[str] = []                  # nodes of pilots an earlier run left running
+        self.backoff = PilotBackoff(s.backoff_s, s.backoff_cap_s, s.submit_per_minute)
+        self.lock = threading.Lock()
+        self._surplus_since: Optional[float] = None   # monotonic: more pilots than demand since
+        self._cancelled: set[str] = set()             # pilots we cancelled: their end is no failure
+
+    # ---- what the jobs want, what happened ----------------------------------------------------
+    def want(self, nodes: int, in_use: Collection[str]) -> None:
+        with self.lock:
+            self.demand, self.in_use = max(0, int(nodes)), frozenset(in_use)
+
+    def take_events(self) -> list[Event]:
+        with self.lock:
+            out, self.events = self.events, []
+        return out
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(nodes held, of those used by jobs, pilots pending, nodes wanted)."""
+        with self.lock:
+            return (len(self.held), len(self.in_use & set(self.held)),
+                    sum(1 for p in self.pilots.values() if not p.running), min(self.demand, self.settings.max_pilots))
+
+    # ---- pilots talking -----------------------------------------------------------------------
+    def hello(self, link: PilotLink) -> str:
+        """A pilot connected: 'join' (its node is harvested now), 'adopted' (a pilot of the
+        earlier run redialed) or 'stray' (not wanted there: cancel it)."""
+        with self.lock:
+            p = self.pilots.get(link.job)
+            if p is None:                      # its hello came before sbatch returned its id
+                p = self.pilots[link.job] = Pilot(link.job, link.node, time.monotonic())
+            adopted = p.adopted and p.node == link.node and self.held.get(link.node) == link.job
+            p.node, p.running, p.adopted, p.hello_at = link.node, True, False, time.monotonic()
+            if not adopted and (link.node not in self.watched or link.node in self.held
+                                or link.job in self._cancelled):
+                self.pilots.pop(link.job, None)
+                return "stray"
+            if adopted:
+                return "adopted"
+            self.held[link.node] = link.job
+            self.events.append(Event(time.time(), EventKind.NODE_JOIN, node=link.node,
+                                     detail=f"pilot {link.job} holds it"))
+            return "join"
+
+    def leave(self, link: PilotLink, why: str) -> bool:
+        """A pilot's connection ended; whether its node stopped being harvested."""
+        with self.lock:
+            p = self.pilots.get(link.job)
+            if p is not None and p.node == link.node:
+                del self.pilots[link.job]
+                self._judge(p, None, "" if link.leaving else "lost its connection")
+            return self._release(link.node, link.job, why)
+
+    def _judge(self, p: Pilot, job: Optional[SlurmJob], how: str) -> None:
+        """A pilot is over (under the lock): a failure against its node if it never connected,
+        or ended unasked soon after it did; a clean bill if it held the node a while."""
+        if p.job in self._cancelled or p.releasing or p.adopted:
+            return
+        now = time.monotonic()
+        if p.running and now - (p.hello_at or now) > SHORT_LIFE_S:
+            self.backoff.succeeded(p.node)
+            return
+        if job is not None and job.state in NOT_ITS_FAULT or p.running and (job is not None and not job.failed
+                                                                            or job is None and not how):
+            return                             # preempted, cancelled, timed out or told to leave
+        if not how:
+            how = "ended before it connected" if not p.running else "ended soon after it connected"
+            how += f": {job.state}{f' ({job.reason})' if job.reason else ''}" if job is not None else ": gone from squeue"
+        f = self.backoff.failed(p.node, pilots.why_failed(self.settings, p, how), now)
+        log.warning("%s; no pilot on %s for %.0f s (%d failure(s) in a row)", f.reason, p.node,
+                    f.until - now, f.failures)
+
+    def _release(self, node: str, job: str, why: str) -> bool:
+        if self.held.get(node) != job:
+            return False
+        del self.held[node]
+        self.events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, detail=why))
+        return True
+
+    # ---- what squeue says ---------------------------------------------------------------------
+    def check(self, jobs: dict[str, SlurmJob], known: set[str], slurm: dict[str, SlurmNode]
+              ) -> tuple[list[str], list[str], bool]:
+        """The backstop, after a squeue: (pilots to cancel, pilots Slurm says are over, whether
+        a node stopped being harvested). `known`: pilots submitted before squeue was asked."""
+        cancel, dropped, left = [], [], False
+        now = time.monotonic()
+        with self.lock:
+            for jid, p in list(self.pilots.items()):
+                j = jobs.get(jid)
+                if (j is None and jid in known) or (j is not None and j.ended):
+                    del self.pilots[jid]
+                    self._judge(p, j, "")
+                    left |= self._release(p.node, jid, f"pilot {jid} {j.state.lower() if j else 'is gone'} (squeue)")
+                    dropped.append(jid)
+                elif j is not None and not p.running:
+                    node = slurm.get(p.node)
+                    taken = j.state == "PENDING" and (node is None or not node.free)
+                    if taken or now - p.submitted > self.settings.pending_timeout_s:
+                        cancel.append(jid)
+                        del self.pilots[jid]
+                        if j.state == "RUNNING" and not p.adopted:
+                            self._judge(p, None, f"ran {now - p.submitted:.0f} s without connecting to "
+                                                 f"the hub at {self.settings.dial_host}")
+                        self._cancelled.add(jid)
+                        if p.adopted:
+                            left |= self._release(p.node, jid, f"pilot {jid} of the earlier run did not redial")
+            self._cancelled &= {jid for jid, j in jobs.items() if not j.ended} | set(cancel)
+        return cancel, dropped, left
+
+    def trim(self) -> tuple[list[Pilot], list[Pilot]]:
+        """The pilots beyond what the jobs could use, to cancel: (pending ones, at once, newest
+        first; held ones no job uses, once the surplus has lasted `release_grace_s`: demand
+        often returns within minutes, and a pilot goes back through Slurm's queue)."""
+        now = time.monotonic()
+        with self.lock:
+            active = [p for p in self.pilots.values() if not p.releasing]
+            surplus = len(active) - min(self.settings.max_pilots, self.demand)
+            if surplus <= 0:
+                self._surplus_since = None
+                return [], []
+            pending = [p for p in reversed(active) if not p.running and not p.adopted][:surplus]
+            for p in pending:
+                del self.pilots[p.job]
+                self._cancelled.add(p.job)
+            surplus -= len(pending)
+            held: list[Pilot] = []
+            if surplus <= 0:
+                self._surplus_since = None
+            elif self._surplus_since is None:
+                self._surplus_since = now
+            elif now - self._surplus_since >= self.settings.release_grace_s:
+                order = {n: i for i, n in enumerate(self.names)}
+                held = sorted((p for p in active if p.running and p.node not in self.in_use),
+                              key=lambda p: -order.get(p.node, 0))[:surplus]
+                for p in held:
+                    p.releasing = True
+                self._surplus_since = None
+        return pending, held
+
+    # ---- new pilots ---------------------------------------------------------------------------
+    def free_nodes(self, slurm: dict[str, SlurmNode]) -> list[str]:
+        """Watched nodes Slurm has idle, with no pilot of ours and not waiting after failed
+        pilots, in machine order."""
+        now = time.monotonic()
+        with self.lock:
+            taken = {p.node for p in self.pilots.values()} | set(self.held)
+            return [n for n in self.names if n not in taken and n in slurm and slurm[n].free
+                    and not self.backoff.waiting(n, now)]
+
+    def room(self) -> int:
+        """How many pilots to submit now: within max_pilots, demand, the batch and the rate."""
+        s = self.settings
+        with self.lock:
+            active = sum(1 for p in self.pilots.values() if not p.releasing)
+            return max(0, min(s.max_pilots - len(self.pilots), self.demand - active, s.submit_batch,
+                              self.backoff.room(time.monotonic())))
+
+    def submitted(self, job: Optional[str], node: str) -> None:
+        """sbatch was run for `node` (`job`: its id, None if it failed): it counts for the rate."""
+        with self.lock:
+            self.backoff.submitted(time.monotonic())
+            if job is not None:
+                self.pilots.setdefault(job, Pilot(job, node, time.monotonic()))
+
+    def adopt(self, jobs: list[SlurmJob], restarted: bool) -> list[str]:
+        """An earlier run's live pilots: after a restart those running on a watched node keep
+        it and are waited for; the others are returned, to cancel."""
+        now, cancel = time.monotonic(), []
+        with self.lock:
+            for j in jobs:
+                if restarted and j.state == "RUNNING" and j.nodes in self.watched and j.nodes not in self.held:
+                    self.pilots[j.id] = Pilot(j.id, j.nodes, now, adopted=True)
+                    self.held[j.nodes] = j.id
+                    self.adopted.append(j.nodes)
+                else:
+                    cancel.append(j.id)
+        return cancel
+
+    def closing(self) -> list[str]:
+        """The harvester stops: every pilot is cancelled (none of their ends is a failure)."""
+        with self.lock:
+            self._cancelled |= set(self.pilots)
+            return list(self.pilots)
+
+    def clear(self, node: str) -> bool:
+        """Staff cleared a failing node; KeyError if it is not watched."""
+        if node not in self.watched:
+            raise KeyError(node)
+        with self.lock:
+            return self.backoff.clear(node)
+
+    def describe(self, slurm: dict[str, SlurmNode], would: Collection[str]) -> dict[str, str]:
+        """Each watched node in words: Slurm's state, our pilot there, its failures."""
+        now, out = time.monotonic(), {}
+        with self.lock:
+            pilot_on = {p.node: p for p in self.pilots.values()}
+            failing = self.backoff.failing()
+        for name in self.names:
+            n, p, f = slurm.get(name), pilot_on.get(name), failing.get(name)
+            text = f"Slurm: {n.label if n else 'unknown'}"
+            if p is not None:
+                text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else
+                                              " of the earlier run, redialing" if p.adopted else " pending")
+            elif name in would:
+                text += ", would harvest (dry run)"
+            if f is not None:
+                wait = f"next pilot in {f.until - now:.0f} s" if f.until > now else "may get a pilot again"
+                text += f", {f.failures} failed pilot(s) in a row ({wait}): {f.reason}"
+            out[name] = text
+        return out
+
+    def failing_note(self) -> str:
+        """For the source's badge: how many nodes are failing and the latest reason."""
+        with self.lock:
+            failing = self.backoff.failing()
+        if not failing:
+            return ""
+        last = max(failing.values(), key=lambda f: f.until)
+        return f"; pilots failing on {len(failing)} node(s), skipped for now: {last.reason}"

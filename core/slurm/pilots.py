@@ -1,0 +1,81 @@
+"""A pilot job as the source submits it, and what its output says when it failed: the batch
+script, its sbatch options (one node, exclusive, the node's GPUs, QOS and account), the
+environment that tells it where the hub is, and the last line of its log."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .records import SlurmNode
+from .settings import SlurmSettings
+from .wire import ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN
+
+PILOT_SCRIPT = """#!{python}
+import sys
+sys.path.insert(0, {root!r})
+from core.slurm.pilot_job import main
+sys.exit(main())
+"""
+#: how much of a failed pilot's log is read for its last line
+LOG_TAIL_BYTES = 4096
+
+
+@dataclass
+class Pilot:
+    job: str
+    node: str
+    submitted: float            # time.monotonic() when sbatch returned (or when it said hello)
+    running: bool = False       # it said hello
+    releasing: bool = False     # cancelled as surplus: its node goes when it says goodbye
+    adopted: bool = False       # left running by an earlier run: its node is held until it redials
+    hello_at: Optional[float] = None  # time.monotonic() of its hello
+
+
+def sbatch_options(s: SlurmSettings, node: str, known: Optional[SlurmNode]) -> list[str]:
+    opts = ["--partition", s.partition, "--job-name", s.pilot_name, "--nodelist", node, "--nodes", "1",
+            "--ntasks", "1", "--exclusive", "--time", str(s.time_limit_min), "--chdir", s.workdir,
+            "--output", log_path(s, "%j") if s.log_dir else "/dev/null", "--export", "ALL", "--no-requeue"]
+    if known is not None and known.gpus:
+        opts += ["--gres", f"gpu:{known.gpus}"]
+    if s.qos:
+        opts += ["--qos", s.qos]
+    if s.account:
+        opts += ["--account", s.account]
+    return opts
+
+
+def script(s: SlurmSettings) -> str:
+    return PILOT_SCRIPT.format(python=s.python, root=s.workdir)
+
+
+def environment(s: SlurmSettings, port: int, fingerprint: str, token: str) -> dict[str, str]:
+    """What a pilot needs to find the hub and prove itself (added to sbatch's environment)."""
+    return {ENV_HUB: f"{s.dial_host}:{port}", ENV_HUB_SHA256: fingerprint, ENV_TOKEN: token,
+            ENV_GRACE: str(s.worker_grace_s), ENV_ORPHAN: str(s.orphan_timeout_s)}
+
+
+def log_path(s: SlurmSettings, job: str) -> str:
+    return f"{s.log_dir}/pilot-{job}.log"
+
+
+def last_log_line(s: SlurmSettings, job: str) -> str:
+    """The last line a pilot wrote, where its log can be read from here; '' otherwise."""
+    if not s.log_dir:
+        return ""
+    try:
+        with open(log_path(s, job), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def why_failed(s: SlurmSettings, pilot: Pilot, how: str) -> str:
+    """`pilot 781 on pn1 ended before it connected: FAILED (NonZeroExitCode); its log: ...`."""
+    line = last_log_line(s, pilot.job)
+    where = (f"its log: {line}" if line else "its log is empty" if s.log_dir and Path(log_path(s, pilot.job)).exists()
+             else "no log read (set --slurm-pilot-logs to a folder the nodes and the harvester share)")
+    return f"pilot {pilot.job} on {pilot.node} {how}; {where}"
