@@ -87,6 +87,7 @@ def test_states_in_every_form_slurm_prints_them():
     assert node_state("IDLE+CLOUD+POWERED_DOWN") == ("idle", ("cloud", "powered_down"))
     assert node_state("alloc") == ("allocated", ())
     assert job_state(["RUNNING"]) == job_state("running") == "RUNNING"
+    assert job_state(["CANCELLED", "COMPLETING"]) == "COMPLETING", "as squeue's %T shows it (24.11, recorded)"
     for bad in ("", [], "['RUNNING']"):
         with pytest.raises(Unreadable):
             (node_state if bad == "" else job_state)(bad)

@@ -39,6 +39,11 @@ BASES = frozenset({"idle", "allocated", "alloc", "mixed", "down", "error", "futu
                    "drained", "draining", "completing"})
 
 
+#: job flags that squeue's %T prints instead of the base state, in Slurm's own order of precedence
+JOB_FLAGS_SHOWN = ("COMPLETING", "CONFIGURING", "RESIZING", "RESV_DEL_HOLD", "REQUEUED", "REQUEUE_FED",
+                   "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "POWER_UP_NODE", "STAGE_OUT")
+
+
 class Unreadable(ValueError):
     """Slurm printed something this module cannot read; the message quotes it."""
 
@@ -93,9 +98,11 @@ def node_state(value: Union[str, Sequence[str]]) -> tuple[str, tuple[str, ...]]:
 
 
 def job_state(value: Union[str, Sequence[str]]) -> str:
-    """`RUNNING` from `RUNNING`, `running` or `["RUNNING", ...]` (23.11+'s JSON)."""
-    items = [value] if isinstance(value, str) else list(value)
-    state = str(items[0]).strip().upper() if items else ""
+    """`RUNNING` from `RUNNING`, `running` or `["RUNNING"]` (23.11+'s JSON); from a list with
+    flags the word squeue's %T prints (`["CANCELLED", "COMPLETING"]` -> `COMPLETING`)."""
+    items = [value] if isinstance(value, str) else [str(v).strip().upper() for v in value]
+    shown = [f for f in JOB_FLAGS_SHOWN if f in items[1:]]
+    state = shown[0] if shown else str(items[0]).strip().upper() if items else ""
     if not state or not state.replace("_", "").isalpha():
         raise Unreadable(f"not a job state: {value!r}")
     return state
