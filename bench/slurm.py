@@ -1,10 +1,11 @@
 """Giving nodes back to a real Slurm: how fast the harvester gets off the nodes a main job needs.
 
     python -m bench.slurm [--json] [--repeats 20] [--nodes 8] [--main-nodes 4] [--slots 1]
-                          [--dispatch pilot|simulated] [--grace S] [--keep DIR]
+                          [--dispatch pilot|simulated] [--grace S] [--keep DIR] [--slurm 22.05|24.11]
 
-Starts the test Slurm (tests/slurm.py: munged, slurmctld, N slurmd on loopback, a preemptible
-`scavenger` partition with GraceTime=0) in a temporary folder and the harvester in this process
+Starts the test Slurm (tests/support/slurm.py: munged, slurmctld, N slurmd on loopback, a preemptible
+`scavenger` partition with GraceTime=0; the host's 22.05 or, `--slurm 24.11`, Debian 13's in a
+chroot) in a temporary folder and the harvester in this process
 (the Slurm source, the live loop, and a job of examples/digits_cnn.py whose workers run inside
 the pilots: `--dispatch pilot`; or the simulated dispatcher). Each node has `--slots` GPUs
 (`Gres=gpu:N`), so the job runs N ranks per node, all started by the node's pilot, and a vacate
@@ -45,7 +46,7 @@ from core.service import Harvester
 from core.settings import HarvesterSettings
 from core.slurm.settings import SlurmSettings
 from core.snapshot import HELD
-from tests.support.slurm import alive, processes_with_env, start_cluster
+from tests.support.slurm import HOST_VERSION, VERSIONS, alive, processes_with_env, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_MS = 1000.0
@@ -68,8 +69,9 @@ def _held(h: Harvester, job_id: str) -> set[str]:
 
 
 def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: str,
-            grace_s: float = SlurmSettings.worker_grace_s, slots: int = 1, log=print) -> dict:
-    cluster = start_cluster(workdir / "slurm", nodes, gpus=slots)     # slots from the GRES
+            grace_s: float = SlurmSettings.worker_grace_s, slots: int = 1, log=print,
+            version: str = HOST_VERSION) -> dict:
+    cluster = start_cluster(workdir / "slurm", nodes, gpus=slots, version=version)     # slots from the GRES
     h = None
     out: dict[str, list[float]] = {"leave": [], "vacated": [], "main": [], "reharvest": [],
                                    "sigterm": [], "term_leave": [], "term_gone": []}
@@ -79,7 +81,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
         h = build(HarvesterSettings.parse({"db": workdir / "harvest.db", "live": {
             "source": "slurm", "dispatch": dispatch, "workdir": str(ROOT), "profiler": False, "trust_user_commands": True,
             "config": {"tfwd": 600},
-            "slurm": {"conf": str(cluster.conf), "log_dir": str(workdir / "pilots"), "worker_grace_s": grace_s}}}))
+            "slurm": {**cluster.slurm_settings(), "log_dir": str(workdir / "pilots"), "worker_grace_s": grace_s}}}))
         h.open()
         source = h.source          # the pilots' bookkeeping, read to time each step of a vacate
         spec = JobSpec(name="bench", min_nodes=1, max_nodes=nodes, total_samples=64 * 10**8,
@@ -99,7 +101,8 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
 
         _wait(full, 240, f"the job on all {nodes} nodes")
         for k in range(repeats):
-            pilot_of = dict(source._held)
+            with source.book.lock:
+                pilot_of = dict(source.book.held)
             links = {n: source.hub.link(n) for n in pilot_of}
             procs = {n: [p for p in processes_with_env(f"SLURM_JOB_ID={j}")] for n, j in pilot_of.items()}
             time.sleep(rng.uniform(0, 1))          # main jobs come at any phase of Slurm's own loop
@@ -167,7 +170,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
             "sigterm_to_leave_ms_p50": p("term_leave", 0.5), "sigterm_to_leave_ms_p95": p("term_leave", 0.95),
             "sigterm_to_vacated_ms_p50": p("term_gone", 0.5), "sigterm_to_vacated_ms_p95": p("term_gone", 0.95),
             "rounds": len(out["vacated"]), "nodes": nodes, "main_nodes": main_nodes, "slots": slots,
-            "dispatch": dispatch, "worker_grace_s": grace_s}
+            "dispatch": dispatch, "worker_grace_s": grace_s, "slurm": cluster.version}
 
 
 def main(argv=None) -> int:
@@ -181,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dispatch", choices=("pilot", "simulated"), default="pilot")
     ap.add_argument("--grace", type=float, default=SlurmSettings.worker_grace_s,
                     help="seconds a preempted pilot gives its worker between SIGTERM and SIGKILL")
+    ap.add_argument("--slurm", choices=VERSIONS, default=HOST_VERSION,
+                    help=f"the Slurm version (default {HOST_VERSION}, the host's; others run in a chroot)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="run in this new folder and keep it (Slurm's logs, the pilots' output, the store)")
     args = ap.parse_args(argv)
@@ -191,12 +196,14 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=False)
-        r = measure(args.keep, args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots)
+        r = measure(args.keep, args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots,
+                    version=args.slurm)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
-            r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots)
-    print(f"{args.repeats} main jobs of {args.main_nodes} nodes on {args.nodes} harvested nodes of {args.slots} "
-          f"slot(s) (Gres=gpu:{args.slots}, {args.slots} rank(s) per node; {args.dispatch} workers, "
+            r = measure(Path(tmp), args.repeats, args.nodes, args.main_nodes, args.dispatch, args.grace, args.slots,
+                        version=args.slurm)
+    print(f"Slurm {args.slurm}: {args.repeats} main jobs of {args.main_nodes} nodes on {args.nodes} harvested nodes "
+          f"of {args.slots} slot(s) (Gres=gpu:{args.slots}, {args.slots} rank(s) per node; {args.dispatch} workers, "
           f"worker grace {args.grace:g} s)")
     print(f"{'from the main job submission to':<58} {'p50 ms':>8} {'p95 ms':>8} {'goal':>10}")
     print(f"{'the harvester off its nodes (leave handled)':<58} {r['leave_ms_p50']:>8} {r['leave_ms_p95']:>8}")

@@ -51,7 +51,7 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
     # the profiler's probes (tests/test_jpa_live.py tests those on real workers). One rank per
     # node although each has 2 GPUs: 8 workers are what 2 cores run well (2 ranks per node:
     # tests/test_slurm_gpus.py)
-    app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
+    app = start_app(tmp_path / "app", "--source", "slurm", *cluster.app_args(),
                     "--slurm-pilot-logs", str(tmp_path), "--tfwd", "600", "--workdir", str(ROOT),
                     "--no-profiler", "--slurm-slots", "1")
     try:
@@ -136,7 +136,7 @@ def _acceptance(app, cluster):
 def harvester(tmp_path, cluster, **settings) -> Harvester:
     h = build(HarvesterSettings.parse({"db": tmp_path / "h.db", "tick_s": 0.2, "live": {
         "source": "slurm", "dispatch": "simulated", "config": {"tfwd": 600},
-        "slurm": {"conf": str(cluster.conf), **settings}}}))
+        "slurm": {**cluster.slurm_settings(), **settings}}}))
     h.open()
     return h
 
@@ -252,7 +252,7 @@ def test_the_hub_refuses_a_pilot_without_the_token():
 
 
 def test_watch_takes_partitions_nodes_and_hostlists(cluster):
-    cli = SlurmCli(str(cluster.conf))
+    cli = SlurmCli(str(cluster.conf), bin_dir=cluster.bin)
     nodes = cli.nodes()
     assert [n.name for n in nodes] == NODES and all(n.free for n in nodes)
     watch = lambda *w: resolve_watch(SlurmSettings(watch=w), nodes, cli)

@@ -22,6 +22,7 @@ from core.assemble import build, node_source
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from core.slurm.cli import SlurmCli, gpu_count
+from core.slurm.pilots import sbatch_options
 from core.slurm.settings import SettingError, SlurmSettings
 from core.slurm.source import SlurmSource
 from core.slurm.transport import PilotTransport
@@ -52,8 +53,7 @@ def cluster(slurm_cluster):
 
 def live_settings(cluster, *options: str) -> HarvesterSettings:
     """The settings `python -m app --source slurm OPTIONS` would run with."""
-    return settings_from(build_parser().parse_args(["--source", "slurm", "--slurm-conf", str(cluster.conf),
-                                                    *options]))
+    return settings_from(build_parser().parse_args(["--source", "slurm", *cluster.app_args(), *options]))
 
 
 # ---- slots from the GRES -----------------------------------------------------------------------
@@ -66,7 +66,7 @@ def test_gres_strings_count_gpus_the_way_slurm_prints_them():
 
 
 def test_the_source_reads_two_slots_per_node_from_slurms_gres(cluster):
-    nodes = SlurmCli(str(cluster.conf)).nodes()
+    nodes = SlurmCli(str(cluster.conf), bin_dir=cluster.bin).nodes()
     assert [(n.name, n.gres, n.gpus) for n in nodes] == [(n, f"gpu:{GPUS}", GPUS) for n in NODES]
     for options, slots in (((), GPUS), (("--slurm-slots", "3"), 3), (("--slurm-slots", "1"), 1)):
         source, specs, _ = node_source(live_settings(cluster, "--slurm-dry-run", *options).live)
@@ -81,8 +81,8 @@ def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, 
     source = SlurmSource(SlurmSettings(dry_run=True))
     try:
         assert [source.slots_of(n) for n in ("node1", "node2")] == [1, 4]
-        assert "--gres" not in source._sbatch_options("node1")
-        opts = source._sbatch_options("node2")
+        assert "--gres" not in sbatch_options(source.settings, "node1", source._slurm["node1"])
+        opts = sbatch_options(source.settings, "node2", source._slurm["node2"])
         assert opts[opts.index("--gres"):][:2] == ["--gres", "gpu:4"], "all the node's GPUs, any type"
     finally:
         source.close()
@@ -91,7 +91,7 @@ def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, 
     source = SlurmSource(SlurmSettings(dry_run=True, slots=2))
     try:
         assert [source.slots_of(n) for n in ("node1", "node2")] == [2, 2], "--slurm-slots for every node"
-        assert "--gres" not in source._sbatch_options("node1")
+        assert "--gres" not in sbatch_options(source.settings, "node1", source._slurm["node1"])
     finally:
         source.close()
 
@@ -110,16 +110,15 @@ def test_slots_are_checked_with_the_option_named():
 def test_pilots_ask_for_the_gpus_slurm_binds_them_and_workers_inherit_the_binding(cluster, tmp_path):
     h = build(HarvesterSettings.parse({"db": tmp_path / "h.db", "tick_s": 0.2, "live": {
         "source": "slurm", "dispatch": "simulated", "config": {"tfwd": 600},
-        "slurm": {"conf": str(cluster.conf), "watch": ("node[1-2]",)}}}))
+        "slurm": {**cluster.slurm_settings(), "watch": ("node[1-2]",)}}}))
     h.open()
     try:                                     # a job that can use both nodes: pilots come for it
         h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=2, total_samples=1e12, curve="1:100, 2:200",
                          scale_up_seconds=0, scale_down_seconds=0), "alice")
         wait(lambda: h.snapshot.kpis["idle"] == 2, 30, "pilots on node1, node2")
         pilots = {n: h.source.hub.link(n).job for n in ("node1", "node2")}
-        jobs = cluster.jobs()
         for n, j in pilots.items():
-            assert jobs[j]["tres_per_node"] == f"gres:gpu:{GPUS}", jobs[j]
+            assert cluster.job_gres(j) in (f"gres:gpu:{GPUS}", f"gres/gpu:{GPUS}"), cluster.job_gres(j)
             procs = processes_with_env(f"SLURM_JOB_ID={j}")
             assert procs, n
             env = environ_of(next(iter(procs)))
@@ -152,7 +151,7 @@ def test_pilots_ask_for_the_gpus_slurm_binds_them_and_workers_inherit_the_bindin
 
 # ---- end to end --------------------------------------------------------------------------------
 def test_a_job_runs_one_rank_per_gpu_and_a_preempted_node_takes_both(cluster, tmp_path):
-    app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(cluster.conf),
+    app = start_app(tmp_path / "app", "--source", "slurm", *cluster.app_args(),
                     "--slurm-watch", ",".join(HARVESTED), "--slurm-pilot-logs", str(tmp_path),
                     "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler")
     try:

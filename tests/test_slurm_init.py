@@ -2,16 +2,24 @@
 (tests/support/slurm_init.py). Two faults: slurmds that run but never register (no slurmd came up
 once in a full suite, cause unknown; here stand-ins that never register), and a slurmd that exits
 because another process holds its port (seen in CI; here caused for real). Either way the restart
-must bring up real slurmds on every node and leave nothing behind."""
+must bring up real slurmds on every node and leave nothing behind.
+
+And each Slurm version the tests run against starts, runs a job with the checkout's Python (in
+the chroot for 24.11, through the wrapper commands), and stops leaving no process and no mount
+on the host."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from tests.support.files import ROOT
-from tests.support.slurm import ensure_slurm
+from tests.support.slurm import ensure_slurm, processes_with_env, start_cluster, versions_under_test
+from tests.support.waiting import wait
 
 SCRIPT = textwrap.dedent("""
     import json, os, pathlib, sys
@@ -90,3 +98,34 @@ def test_a_slurmd_that_lost_its_port_is_started_again_on_a_fresh_one(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"idle": ["node1", "node2"], "left": [], "moved": True}
     assert "slurmd-node2 had exited" in r.stderr and "Address already in use" in r.stderr
+
+
+def mount_points() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+@pytest.mark.parametrize("version", versions_under_test(), ids=lambda v: f"slurm{v}")
+def test_each_version_runs_a_job_of_the_checkouts_python_and_leaves_nothing(tmp_path, version):
+    before = mount_points()
+    cluster = start_cluster(tmp_path / "cluster", nodes=2, gpus=0, version=version)
+    try:
+        assert cluster.node_states() == {"node1": "idle", "node2": "idle"}
+        assert cluster.run("sinfo", "--version").stdout.split()[-1].startswith(version + ".")
+        out = tmp_path / "job.out"
+        job = cluster.sbatch("-p", "main", "-w", "node2", "-o", str(out), "--wrap",
+                             f"pwd; cat /etc/debian_version; {sys.executable} -c 'import sys; print(sys.prefix)'")
+        wait(lambda: cluster.job_state(job) in ("COMPLETED", "FAILED"), 30, "the job's end", cluster.jobs)
+        assert cluster.jobs()[job] | {"job_id": job} == {
+            "job_id": job, "job_state": "COMPLETED", "nodes": "node2", "partition": "main", "user_name": "root",
+            "state_reason": "None", "name": "wrap"}, out.read_text()
+        release = ((cluster.chroot or Path("/")) / "etc" / "debian_version").read_text().strip()
+        assert out.read_text().split() == [str(Path.cwd()), release, sys.prefix]
+        assert mount_points() == before, "the chroot's binds stay in the cluster's own mount namespace"
+    finally:
+        left = cluster.stop()
+    assert left == []
+    assert mount_points() == before
+    assert not processes_with_env(f"SLURM_CONF={cluster.conf}"), "nothing of the cluster runs on"
+    if cluster.bin:
+        r = subprocess.run([f"{cluster.bin}/sinfo"], env=cluster.env, capture_output=True, text=True, timeout=15)
+        assert r.returncode != 0, "the wrappers reach nothing once the cluster's namespace is gone"

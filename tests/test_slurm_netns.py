@@ -42,7 +42,7 @@ def test_pilots_on_namespaced_hosts_dial_the_advertised_hub_and_vacate_for_a_mai
     slurm, hosts = slurm_netns_cluster.slurm, slurm_netns_cluster.hosts
     slurm.wait_quiet()
     # one rank per node (each has 2 GPUs): this test is about hosts, one worker on each
-    app = start_app(tmp_path / "app", "--source", "slurm", "--slurm-conf", str(slurm.conf),
+    app = start_app(tmp_path / "app", "--source", "slurm", *slurm.app_args(),
                     "--slurm-python", str(slurm_netns_cluster.python), "--slurm-pilot-logs", str(tmp_path),
                     "--advertise", hosts.head, "--worker-env", "GLOO_SOCKET_IFNAME", "--tfwd", "600",
                     "--workdir", str(ROOT), "--no-profiler", "--slurm-slots", "1",

@@ -34,7 +34,7 @@ def _pilots(cluster, states=("RUNNING", "PENDING")) -> dict[str, str]:
 
 
 def test_a_killed_harvester_is_restarted_with_its_pilots_and_the_job_trains_on(cluster, tmp_path):
-    args = ("--source", "slurm", "--slurm-conf", str(cluster.conf), "--slurm-pilot-logs", str(tmp_path),
+    args = ("--source", "slurm", *cluster.app_args(), "--slurm-pilot-logs", str(tmp_path),
             "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler", "--slurm-slots", "1",
             "--slurm-orphan-timeout", str(ORPHAN_S))
     app = start_app(tmp_path / "app", *args)

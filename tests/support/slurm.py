@@ -13,8 +13,17 @@ daemons in order, and returns what was still alive (a clean run: nothing).
 `ensure_slurm()` installs `slurm-wlm munge` with apt when slurmctld is missing, and fails
 loudly when it cannot: a test that needs Slurm never skips silently.
 
+Two Slurm versions: the host's 22.05, and 24.11 from Debian 13 in a chroot
+(tests/support/slurm_chroot.py, built once into a cache folder). For 24.11 the init binds the
+host's paths into the chroot in its own mount namespace and runs every daemon there, and
+`cluster.bin` is a folder of wrapper scripts (sinfo, squeue, sbatch, ...) that enter that
+namespace and the chroot, for the tests (first on `cluster.env`'s PATH) and for the harvester
+under test (`cluster.app_args()`, `cluster.slurm_settings()`). The helpers read Slurm's stable
+text formats, the same on both.
+
 In a test module:  `from tests.support.slurm import slurm_cluster`  makes the module-scoped fixture
-available there; `slurm_netns_cluster` is a 3-node one whose pilots run on the test hosts of
+available there, once per version (ids `slurm22.05`, `slurm24.11`; HARVEST_SLURM_VERSIONS=22.05
+runs one); `slurm_netns_cluster` is a 3-node one whose pilots run on the test hosts of
 tests/support/netns.py (slurmd stays on loopback).
 """
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import shutil
 import stat
 import subprocess
@@ -36,9 +46,22 @@ import pytest
 from tests.support.files import ROOT
 from tests.support.netns import NetnsCluster
 from tests.support.ports import free_ports
+from tests.support.slurm_accounting import Database, accounting_conf, start_database
+from tests.support.slurm_chroot import RELEASES, ensure_chroot
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
+#: the host's Slurm (Debian 12's packages), and the versions the tests run against
+HOST_VERSION = "22.05"
+VERSIONS = (HOST_VERSION, *RELEASES)
+VERSIONS_ENV = "HARVEST_SLURM_VERSIONS"
+#: the Slurm commands a chrooted version gets a wrapper for
+CLIENTS = ("sinfo", "squeue", "sbatch", "scancel", "scontrol", "sacctmgr", "sacct", "srun")
+#: the stable text formats the helpers read (the job name last: it may hold a `|`)
+SQUEUE_FIELDS = ("job_id", "job_state", "nodes", "partition", "user_name", "state_reason", "name")
+SQUEUE_FORMAT = "%i|%T|%N|%P|%u|%r|%j"
+SINFO_FIELDS = ("name", "state", "partition", "address", "gres")
+SINFO_FORMAT = ",".join(f"{f}:0|" for f in ("NodeList", "StateComplete", "Partition", "NodeAddr", "Gres"))
 START_TIMEOUT_S = 120.0   # the init's own waits, one restart of the slurmds included
 #: GPUs per node (GRES gpu), as on the nodes of a GPU supercomputer
 GPUS = 2
@@ -103,22 +126,31 @@ def ensure_slurm() -> None:
             pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", pytrace=False)
 
 
-def write_conf(d: Path, nodes: list[str], gpus: int = GPUS) -> Path:
+def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "partition",
+               database: Optional[Database] = None) -> Path:
     """The folder layout, munge key, slurm.conf and gres.conf of a cluster in `d` whose nodes
-    have `gpus` GPUs each (`Gres=gpu:N`; 0: none)."""
+    have `gpus` GPUs each (`Gres=gpu:N`; 0: none). preempt="qos": QOS preemption with accounting
+    in `database` and one partition, `batch` (tests/support/slurm_accounting.py)."""
     for sub in ("munge", "state/ctld", "state/d", "run", "log"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "munge").chmod(0o755)
     key = d / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    ports = free_ports(len(nodes) + 1)
+    ports = free_ports(len(nodes) + 2)       # slurmctld, the slurmds, slurmdbd (with preempt="qos")
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     lines = "\n".join(f"NodeName={n} NodeHostname=localhost Port={p} CPUs=1 RealMemory=1000{gres} State=UNKNOWN"
                       for n, p in zip(nodes, ports[1:]))
     write_gres(d, nodes, gpus)
     conf = d / "slurm.conf"
-    conf.write_text(CONF.format(d=d, ctld_port=ports[0], node_lines=lines))
+    text = CONF.format(d=d, ctld_port=ports[0], node_lines=lines)
+    if preempt == "qos":
+        if database is None:
+            raise ValueError("preempt='qos' needs the accounting database")
+        text = accounting_conf(d, text, database, dbd_port=ports[-1])
+    elif preempt != "partition":
+        raise ValueError(f"preempt: 'partition' or 'qos', not {preempt!r}")
+    conf.write_text(text)
     return conf
 
 
@@ -145,6 +177,35 @@ def write_gres(d: Path, nodes: list[str], gpus: int) -> None:
     (d / "gres.conf").write_text("AutoDetect=off\n" + "".join(f"NodeName={n} Name=gpu File={files}\n" for n in nodes))
 
 
+def versions_under_test() -> tuple[str, ...]:
+    """The versions the Slurm fixtures run against: all, or those HARVEST_SLURM_VERSIONS lists."""
+    wanted = tuple(v.strip() for v in os.environ.get(VERSIONS_ENV, "").split(",") if v.strip())
+    unknown = [v for v in wanted if v not in VERSIONS]
+    if unknown:
+        raise ValueError(f"{VERSIONS_ENV}: no test Slurm {', '.join(unknown)} (known: {', '.join(VERSIONS)})")
+    return wanted or VERSIONS
+
+
+def write_wrappers(folder: Path, chroot: Path, init_pid: int) -> Path:
+    """One script per Slurm command that runs the chroot's own in the mount namespace of the
+    init (PID `init_pid`, as this namespace numbers it), in the caller's folder where the chroot
+    has it. Run from inside that namespace (a job calling scontrol), it runs the command as is."""
+    folder.mkdir(exist_ok=True)
+    ns = os.readlink(f"/proc/{init_pid}/ns/mnt")
+    for name in CLIENTS:
+        real = f"/usr/bin/{name}"
+        if not (chroot / real[1:]).exists():
+            continue
+        inner = shlex.quote(f'cd "$1" 2>/dev/null || cd /; shift; exec {real} "$@"')
+        (folder / name).write_text(
+            f"#!/bin/sh\n# {name} of the Slurm in {chroot}, through the mount namespace of its test cluster\n"
+            f'if [ "$(readlink /proc/self/ns/mnt)" = {shlex.quote(ns)} ]; then exec {real} "$@"; fi\n'
+            f"exec nsenter --mount=/proc/{init_pid}/ns/mnt -- chroot {shlex.quote(str(chroot))} /bin/sh -c {inner} "
+            f'{name} "$PWD" "$@"\n')
+        (folder / name).chmod(0o755)
+    return folder
+
+
 @dataclass
 class SlurmCluster:
     dir: Path
@@ -152,7 +213,22 @@ class SlurmCluster:
     conf: Path
     proc: subprocess.Popen
     env: dict = field(default_factory=dict)
+    version: str = HOST_VERSION
+    #: the folder of this version's Slurm commands ('' for the host's: PATH)
+    bin: str = ""
+    #: the chroot its daemons, jobs and commands run in (None: the host's Slurm)
+    chroot: Optional[Path] = None
+    #: MariaDB of a preempt="qos" cluster (slurmdbd's), stopped by `stop()` after Slurm
+    database: Optional[Database] = None
     _stopped: bool = field(default=False, repr=False)
+
+    def app_args(self) -> list[str]:
+        """The options that point `python -m app --source slurm` at this cluster."""
+        return ["--slurm-conf", str(self.conf), *(["--slurm-bin", self.bin] if self.bin else [])]
+
+    def slurm_settings(self) -> dict:
+        """The same for SlurmSettings (a harvester built in the test's process)."""
+        return {"conf": str(self.conf), "bin_dir": self.bin}
 
     # ---- the daemons -------------------------------------------------------------------------
     def _ask(self, command: str, timeout: float = START_TIMEOUT_S) -> str:
@@ -204,7 +280,16 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(15)
+            if self.database is not None and self.database.stop():
+                left.append(f"{self.database.proc.pid} mariadbd (killed: SIGTERM did not end it)")
         return left
+
+    def check_version(self) -> None:
+        """The commands this cluster's clients run are its own version's (`sinfo --version`:
+        `slurm-wlm 22.05.8`, `slurm 24.11.5`)."""
+        out = self.run("sinfo", "--version").stdout.split()
+        if not out or not out[-1].startswith(self.version + "."):
+            raise RuntimeError(f"sinfo --version says {' '.join(out)!r}, not Slurm {self.version}")
 
     def logs(self, lines: int = 30) -> str:
         out = []
@@ -229,18 +314,32 @@ class SlurmCluster:
         return r.stdout.strip().split(";")[0]
 
     def jobs(self) -> dict[str, dict]:
-        """Every job slurmctld knows, by id (squeue --json; 22.05 ignores its filters there)."""
-        data = json.loads(self.run("squeue", "--json").stdout)
-        return {str(j["job_id"]): j for j in data["jobs"]}
+        """Every job slurmctld knows, ended ones included, by id: SQUEUE_FIELDS as strings."""
+        out = self.run("squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT).stdout
+        return {j["job_id"]: j for j in _records(out, SQUEUE_FIELDS, "squeue")}
 
     def job_state(self, job_id: str) -> Optional[str]:
         j = self.jobs().get(str(job_id))
         return j["job_state"] if j else None
 
+    def job_gres(self, job_id: str) -> str:
+        """The GRES a job asked for per node, as squeue prints it (`%b`: 22.05 `gres:gpu:2`,
+        24.11 `gres/gpu:2`)."""
+        return self.run("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%b").stdout.strip()
+
+    def node_info(self) -> dict[str, dict]:
+        """Every node once (sinfo prints a line per node and partition): SINFO_FIELDS, the
+        partitions as a list without the default's `*`."""
+        out = self.run("sinfo", "-N", "-h", "-a", "-O", SINFO_FORMAT).stdout
+        nodes: dict[str, dict] = {}
+        for n in _records(out, SINFO_FIELDS, "sinfo", trailing="|"):
+            part = n.pop("partition").rstrip("*")
+            nodes.setdefault(n["name"], {**n, "partitions": []})["partitions"].append(part)
+        return nodes
+
     def node_states(self) -> dict[str, str]:
-        data = json.loads(self.run("sinfo", "--json").stdout)
-        return {n["name"]: "+".join([n["state"], *[f.lower() for f in n["state_flags"]]])
-                for n in data["nodes"]}
+        """Node -> its state with every flag (`idle`, `allocated`, `idle+drain`, ...)."""
+        return {name: n["state"] for name, n in self.node_info().items()}
 
     def wait_quiet(self, timeout: float = 30.0) -> None:
         """Until no job runs, completes or waits, and every node is idle."""
@@ -255,33 +354,96 @@ class SlurmCluster:
             time.sleep(0.1)
 
 
-def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_S, gpus: int = GPUS) -> SlurmCluster:
+def _records(out: str, fields: tuple[str, ...], what: str, trailing: str = "") -> list[dict]:
+    """Lines of `|`-separated fields (the last may hold `|`s unless `trailing` ends each line)."""
+    records = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        body = line.rstrip()
+        if trailing:
+            if not body.endswith(trailing):
+                raise RuntimeError(f"{what} printed {line!r}")
+            body = body[:-len(trailing)]
+        values = body.split("|", len(fields) - 1)
+        if len(values) != len(fields):
+            raise RuntimeError(f"{what} printed {line!r}, not {len(fields)} fields")
+        records.append(dict(zip(fields, (v.strip() for v in values))))
+    return records
+
+
+def write_cgroup_conf(d: Path, version: str) -> None:
+    """23.11 and later need cgroup.conf beside slurm.conf (no cgroup here: disabled); 22.05
+    has no such plugin and must not get the file."""
+    if version != HOST_VERSION:
+        (d / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+
+
+def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_S, gpus: int = GPUS,
+                  version: str = HOST_VERSION, preempt: str = "partition") -> SlurmCluster:
+    """preempt: "partition" (main preempts scavenger) or "qos" (in partition batch, QOS normal
+    preempts QOS scavenger; MariaDB and slurmdbd run for it, on the host's Slurm only)."""
     ensure_slurm()
     if os.geteuid() != 0:
         pytest.fail("the test Slurm runs its daemons as root (SlurmUser=root)", pytrace=False)
+    if version not in VERSIONS:
+        pytest.fail(f"no test Slurm {version} (known: {', '.join(VERSIONS)})", pytrace=False)
+    chroot = ensure_chroot(version) if version != HOST_VERSION else None
     workdir = workdir.resolve()
     names = [f"node{i}" for i in range(1, nodes + 1)]
-    conf = write_conf(workdir, names, gpus)
+    if preempt == "qos" and chroot:
+        pytest.fail(f"preempt='qos' runs on the host's Slurm {HOST_VERSION} only (no slurmdbd in the chroot)",
+                    pytrace=False)
+    database = start_database(workdir / "mariadb") if preempt == "qos" else None
+    try:
+        conf = write_conf(workdir, names, gpus, preempt, database)
+    except BaseException:
+        if database is not None:
+            database.stop()
+        raise
+    write_cgroup_conf(workdir, version)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     # setpriv: unshare dies with us; --kill-child: the namespace's init dies with unshare.
     argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--mount-proc",
-            "--kill-child", sys.executable, "-m", "tests.support.slurm_init", str(workdir), ",".join(names)]
+            "--kill-child", sys.executable, "-m", "tests.support.slurm_init", str(workdir), ",".join(names),
+            *(["--chroot", str(chroot)] if chroot else [])]
     err = open(workdir / "log" / "init.err", "w")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=err, text=True, bufsize=1)
     err.close()
-    cluster = SlurmCluster(workdir, names, conf, proc, env)
+    cluster = SlurmCluster(workdir, names, conf, proc, env, version, chroot=chroot)
+    cluster.database = database
     try:
+        if chroot:
+            # unshare (proc.pid) made the mount namespace the init binds into, and stays in it
+            cluster.bin = str(_wait_for_namespace(proc, chroot, workdir / "bin"))
+            env["PATH"] = f"{cluster.bin}:{env.get('PATH', os.defpath)}"
         cluster._answer(timeout)
+        cluster.check_version()
     except (RuntimeError, TimeoutError):
         cluster.stop()
         raise
     return cluster
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+def _wait_for_namespace(proc: subprocess.Popen, chroot: Path, folder: Path, timeout: float = 10.0) -> Path:
+    """The wrappers, once unshare has its own mount namespace (right after it starts)."""
+    mine = os.readlink("/proc/self/ns/mnt")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.readlink(f"/proc/{proc.pid}/ns/mnt") != mine:
+                return write_wrappers(folder, chroot, proc.pid)
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"unshare (pid {proc.pid}) made no mount namespace within {timeout:g} s")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module", params=versions_under_test(), ids=lambda v: f"slurm{v}")
+def slurm_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    cluster = start_cluster(tmp_path_factory.mktemp(f"slurm{request.param}"), version=request.param)
     try:
         yield cluster
     finally:
@@ -298,15 +460,16 @@ class SlurmOnHosts:
     python: Path
 
 
-@pytest.fixture(scope="module")
-def slurm_netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmOnHosts]:
+@pytest.fixture(scope="module", params=versions_under_test(), ids=lambda v: f"slurm{v}")
+def slurm_netns_cluster(request: pytest.FixtureRequest,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmOnHosts]:
     """Slurm's node1..node3 (slurmd on loopback) over the test hosts node1..node3 (no sshd). The
     namespaces are made first: Slurm's init has a mount namespace of its own, which sees only
     the /run/netns/* bindings made before it. Tear-down checks that Slurm left nothing and that
     no process had to be killed in a namespace."""
-    d = tmp_path_factory.mktemp("slurm-netns")
+    d = tmp_path_factory.mktemp(f"slurm{request.param}-netns")
     with NetnsCluster(3, d / "hosts", sshd=False) as hosts:
-        cluster = start_cluster(d / "slurm", nodes=len(hosts.names))
+        cluster = start_cluster(d / "slurm", nodes=len(hosts.names), version=request.param)
         try:
             assert cluster.nodes == hosts.names, (cluster.nodes, hosts.names)
             yield SlurmOnHosts(cluster, hosts, hosts.write_entry(d / "python-on-node", sys.executable,

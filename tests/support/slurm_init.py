@@ -11,10 +11,17 @@ where PID 1 does not), and obeys one-line commands on stdin:
 Each answer is one line on stdout: `ok ...`, `error ...` or `bye <json leftovers>`. EOF on stdin
 (the test process died) means quit.
 
-    python -m tests.support.slurm_init DIR node1,node2,...
+    python -m tests.support.slurm_init DIR node1,node2,... [--chroot ROOT [--bind PATH]...]
+
+With --chroot, every daemon and every Slurm command of the init runs in ROOT (another Slurm
+version, tests/support/slurm_chroot.py), into which the init first binds the host's /proc, /dev,
+/etc/hosts, the usual host folders and each --bind PATH at the same paths. unshare made the init
+a mount namespace of its own that propagates nothing, so the binds are seen by the daemons, the
+jobs and the clients that enter it (`nsenter --mount`), never by the host, and they go with it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -27,15 +34,19 @@ from pathlib import Path
 from typing import Optional
 
 from tests.support.ports import free_ports
+from tests.support.slurm_accounting import DBD_CONF, start_slurmdbd
+from tests.support.slurm_chroot import enter, host_paths
 
 STOP_WAIT_S = 10.0
 READY_WAIT_S = 30.0
 
 
 class Init:
-    def __init__(self, workdir: Path, nodes: list[str]) -> None:
+    def __init__(self, workdir: Path, nodes: list[str], chroot: Optional[Path] = None) -> None:
         self.dir = workdir
         self.nodes = nodes
+        #: what every daemon and Slurm command is run under: nothing (the host's Slurm) or the chroot
+        self.prefix = ["chroot", str(chroot)] if chroot else []
         self.conf = workdir / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.pids: dict[str, int] = {}           # daemon name -> pid
@@ -48,7 +59,7 @@ class Init:
     # ---- processes --------------------------------------------------------------------------
     def spawn(self, name: str, argv: list[str]) -> int:
         log = open(self.dir / "log" / f"{name}.out", "ab")
-        proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen([*self.prefix, *argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT)
         log.close()
         self.pids[name] = proc.pid
@@ -99,7 +110,7 @@ class Init:
             time.sleep(0.02)
 
     def slurm(self, *argv: str, timeout: float = 10.0) -> subprocess.CompletedProcess:
-        r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([*self.prefix, *argv], env=self.env, capture_output=True, text=True, timeout=timeout)
         self.reap()
         return r
 
@@ -202,6 +213,7 @@ class Init:
             print(f"# {e}", file=sys.stderr, flush=True)
         self.stop([n for n in self.pids if n.startswith("slurmd-")])
         self.stop(["slurmctld"])
+        self.stop(["slurmdbd"])
         self.stop(["munged"])
         self.reap()
         return [f"{pid} {comm}" for pid, comm in processes() if pid != os.getpid()]
@@ -253,10 +265,19 @@ def serve(init: Init) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    init = Init(Path(argv[0]), argv[1].split(","))
+    ap = argparse.ArgumentParser(prog="python -m tests.support.slurm_init")
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("nodes")
+    ap.add_argument("--chroot", type=Path)
+    ap.add_argument("--bind", type=Path, action="append", default=[])
+    args = ap.parse_args(argv)
+    init = Init(args.dir, args.nodes.split(","), args.chroot)
     try:
+        if args.chroot:
+            enter(args.chroot, host_paths([args.dir, *args.bind]))
         init.start_munge()
+        if (init.dir / DBD_CONF).exists():       # QOS preemption: accounting before slurmctld
+            start_slurmdbd(init)
         init.start_slurm()
     except (RuntimeError, TimeoutError, OSError) as e:
         say(f"error {e}")
