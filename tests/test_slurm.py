@@ -164,7 +164,7 @@ def test_dry_run_only_shows_what_it_would_harvest(cluster, tmp_path):
 
 
 def test_a_pilot_killed_without_a_word_is_a_leave_and_its_node_is_harvested_again(cluster, tmp_path):
-    h = harvester(tmp_path, cluster, watch=("node[1-3]",))
+    h = harvester(tmp_path, cluster, watch=("node[1-3]",), backoff_s=2)
     try:
         assert h.source.node_names() == ["node1", "node2", "node3"]
         job = h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=3, total_samples=1e12, curve="1:100, 3:300",
@@ -181,6 +181,8 @@ def test_a_pilot_killed_without_a_word_is_a_leave_and_its_node_is_harvested_agai
         details = [r[0] for r in h.controller.store.db.execute(
             "select detail from events where node = 'node2' and kind = 'node_leave'")]
         assert details and "lost its connection" in details[-1], details
+        # dead seconds after it connected: that counts against node2, which waits (2 s here) first
+        assert "1 failed pilot(s) in a row" in h.source.node_states()["node2"], h.source.node_states()
         wait(lambda: h.snapshot.job(job.id)["nodes"] == 3, 30, "node2 harvested again by a new pilot")
         assert h.source.hub.link("node2").job != pilot.job
     finally:

@@ -70,6 +70,8 @@ def test_backoff_settings_are_checked_with_the_option_named():
         assert e.value.field == name
 
 
+# once, on the current version: Slurm only runs sbatch here, the same on every version
+@pytest.mark.parametrize("slurm_cluster", ["24.11"], indirect=True)
 def test_pilots_that_exit_at_start_back_off_and_say_why(slurm_cluster, tmp_path):
     cluster = slurm_cluster
     cluster.wait_quiet()

@@ -54,6 +54,8 @@ DAEMONS = ("slurmctld", "slurmd", "munged")
 #: the host's Slurm (Debian 12's packages), and the versions the tests run against
 HOST_VERSION = "22.05"
 VERSIONS = (HOST_VERSION, *RELEASES)
+#: those `make test` runs: the host's and Debian 13's (26.05, from sid, on demand with the variable)
+DEFAULT_VERSIONS = (HOST_VERSION, "24.11")
 VERSIONS_ENV = "HARVEST_SLURM_VERSIONS"
 #: the Slurm commands a chrooted version gets a wrapper for
 CLIENTS = ("sinfo", "squeue", "sbatch", "scancel", "scontrol", "sacctmgr", "sacct", "srun")
@@ -178,12 +180,12 @@ def write_gres(d: Path, nodes: list[str], gpus: int) -> None:
 
 
 def versions_under_test() -> tuple[str, ...]:
-    """The versions the Slurm fixtures run against: all, or those HARVEST_SLURM_VERSIONS lists."""
+    """The versions the Slurm fixtures run against: DEFAULT_VERSIONS, or those HARVEST_SLURM_VERSIONS lists."""
     wanted = tuple(v.strip() for v in os.environ.get(VERSIONS_ENV, "").split(",") if v.strip())
     unknown = [v for v in wanted if v not in VERSIONS]
     if unknown:
         raise ValueError(f"{VERSIONS_ENV}: no test Slurm {', '.join(unknown)} (known: {', '.join(VERSIONS)})")
-    return wanted or VERSIONS
+    return wanted or DEFAULT_VERSIONS
 
 
 def write_wrappers(folder: Path, chroot: Path, init_pid: int) -> Path:

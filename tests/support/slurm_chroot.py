@@ -32,8 +32,9 @@ import pytest
 
 from tests.support.files import ROOT
 
-#: the Debian release whose packages give each Slurm version
-RELEASES = {"24.11": "trixie"}
+#: the Debian release whose packages give each Slurm version (sid moves on: a build checks that
+#: it still ships the version named here)
+RELEASES = {"24.11": "trixie", "26.05": "sid"}
 CACHE_ENV = "HARVEST_SLURM_CHROOTS"
 CACHE = Path("/var/cache/harvest-tests")
 #: slurmdbd too, so that a cluster with accounting (QOS preemption) runs on this version as well
@@ -168,6 +169,10 @@ def build(version: str, dest: Path, log=print) -> float:
         raise
     if proc.returncode != 0:
         fail(f"debootstrap of {suite} failed ({proc.returncode}):\n{out[-4000:]}")
+    shipped = subprocess.run(["chroot", str(tmp), "dpkg-query", "-W", "-f", "${Version}", "slurm-wlm"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    if not shipped.startswith(version + "."):
+        fail(f"Debian {suite} ships Slurm {shipped or '(none)'}, not {version}: update RELEASES")
     verify(tmp)
     os.rename(tmp, dest)
     took = time.monotonic() - t0
