@@ -75,7 +75,10 @@ def last_log_line(s: SlurmSettings, job: str) -> str:
 
 def why_failed(s: SlurmSettings, pilot: Pilot, how: str) -> str:
     """`pilot 781 on pn1 ended before it connected: FAILED (NonZeroExitCode); its log: ...`."""
+    if not s.log_dir:
+        return f"pilot {pilot.job} on {pilot.node} {how}; no log (--slurm-pilot-logs names a folder for them)"
+    path = log_path(s, pilot.job)
     line = last_log_line(s, pilot.job)
-    where = (f"its log: {line}" if line else "its log is empty" if s.log_dir and Path(log_path(s, pilot.job)).exists()
-             else "no log read (set --slurm-pilot-logs to a folder the nodes and the harvester share)")
+    where = (f"its log: {line}" if line else "its log is empty" if Path(path).exists()
+             else f"no log at {path} (can the node write to {s.log_dir}, and is it shared with this host?)")
     return f"pilot {pilot.job} on {pilot.node} {how}; {where}"
