@@ -109,7 +109,7 @@ def test_pilots_that_exit_at_start_back_off_and_say_why(slurm_cluster, tmp_path)
     finally:
         app.stop()
     out = app.output()
-    assert f"pilot" in out and "ended before it connected" in out and BROKEN in out, out[-3000:]
+    assert "pilot" in out and "ended before it connected" in out and BROKEN in out, out[-3000:]
 
 
 # ---- which ends count: PilotBook's verdicts, on a real clock without Slurm ---------------------

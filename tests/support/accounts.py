@@ -11,6 +11,8 @@ from typing import Iterator
 
 import pytest
 
+from tests.support import apt
+
 SUDO = "sudo"
 #: `python -m app --run-as` as a Debian site would write it
 LAUNCHER = "sudo -n -u {user} --preserve-env={env} --"
@@ -25,11 +27,7 @@ def ensure_sudo() -> None:
         return
     if not shutil.which("apt-get"):
         pytest.skip("sudo is missing and cannot be installed here (no apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", SUDO]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    apt.install([SUDO], timeout=600)
 
 
 @contextmanager

@@ -32,7 +32,6 @@ import json
 import os
 import select
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Iterator, Optional
 
 import pytest
 
+from tests.support import apt
 from tests.support.files import ROOT
 from tests.support.netns import NetnsCluster
 from tests.support.ports import free_ports
@@ -116,16 +116,7 @@ PartitionName=scavenger Nodes=ALL PriorityTier=1 PreemptMode=CANCEL GraceTime=0 
 
 def ensure_slurm() -> None:
     """apt-get install slurm-wlm munge if a daemon is missing (the packages start nothing)."""
-    if all(shutil.which(d) or os.path.exists(f"/usr/sbin/{d}") for d in DAEMONS):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.fail(f"Slurm is not installed and cannot be installed here (needs root and apt-get): "
-                    f"apt-get install {' '.join(PACKAGES)}", pytrace=False)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", pytrace=False)
+    apt.ensure(DAEMONS, PACKAGES, "Slurm")
 
 
 def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "partition",

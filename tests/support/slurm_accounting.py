@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-
+from tests.support import apt
 from tests.support.ports import free_port
 from tests.support.waiting import wait
 
@@ -53,16 +52,7 @@ USERS = ("root",)
 
 def ensure_accounting() -> None:
     """apt-get install mariadb-server slurmdbd if a program is missing; fails loudly otherwise."""
-    if all(shutil.which(d) or os.path.exists(f"/usr/sbin/{d}") for d in DAEMONS):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.fail(f"Slurm accounting is not installed and cannot be installed here (needs root and "
-                    f"apt-get): apt-get install {' '.join(PACKAGES)}", pytrace=False)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", pytrace=False)
+    apt.ensure(DAEMONS, PACKAGES, "Slurm accounting")
 
 
 # ---- MariaDB ------------------------------------------------------------------------------------

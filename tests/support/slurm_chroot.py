@@ -30,6 +30,7 @@ from typing import Iterator, Optional, Sequence
 
 import pytest
 
+from tests.support import apt
 from tests.support.files import ROOT
 
 #: the Debian release whose packages give each Slurm version (sid moves on: a build checks that
@@ -104,21 +105,13 @@ def _one_line_mirror(text: str) -> Optional[str]:
 
 
 # ---- building -----------------------------------------------------------------------------------
-def _apt_install(*packages: str) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            fail(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
 
 def ensure_debootstrap() -> str:
     found = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin")
     if found:
         return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        fail("debootstrap is missing and cannot be installed here (needs root and apt-get)")
-    _apt_install("debootstrap")
+    apt.ensure(["debootstrap"], ["debootstrap"], "debootstrap")
     return shutil.which("debootstrap") or "/usr/sbin/debootstrap"
 
 

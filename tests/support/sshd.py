@@ -28,6 +28,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import pytest
 
+from tests.support import apt
 from tests.support.ports import free_port
 
 SSHD = "/usr/sbin/sshd"
@@ -47,11 +48,7 @@ def ensure_sshd(strict: bool = False) -> None:
         if strict:
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", PACKAGE]):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    apt.install([PACKAGE], timeout=600)
     if not os.path.exists(SSHD):
         raise RuntimeError(f"{PACKAGE} installed but {SSHD} is missing")
 
