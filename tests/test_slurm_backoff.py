@@ -83,7 +83,7 @@ def test_pilots_that_exit_at_start_back_off_and_say_why(slurm_cluster, tmp_path)
     nodes = cluster.nodes[:3]
     app = start_app(tmp_path / "app", "--source", "slurm", *cluster.app_args(), "--slurm-python", str(python),
                     "--slurm-pilot-logs", str(logs), "--slurm-watch", ",".join(nodes), "--workdir", str(ROOT),
-                    "--no-profiler", "--slurm-slots", "1")
+                    "--no-profiler", "--slurm-slots", "1", "--slurm-backoff", "8")
     try:
         submit_digits(app, "a job for broken pilots", 3)
         clu = lambda: app.get("/api/cluster")[1]
@@ -94,8 +94,8 @@ def test_pilots_that_exit_at_start_back_off_and_say_why(slurm_cluster, tmp_path)
         for n in nodes:
             assert "1 failed pilot(s) in a row" in by_name[n]["source"] and BROKEN in by_name[n]["source"], by_name[n]
         pilots = lambda: Counter(j["nodes"] or "pending" for j in cluster.jobs().values() if j["name"] == "harvest-pilot")
-        wait(lambda: all(pilots()[n] == 2 for n in nodes), 45, "a second pilot per node after ~20 s", pilots)
-        # the second failure doubles the wait to 40 s: nothing more for a while
+        wait(lambda: all(pilots()[n] == 2 for n in nodes), 30, "a second pilot per node after ~8 s", pilots)
+        # the second failure doubles the wait to 16 s: nothing more for a while
         wait(lambda: "2 failed pilot(s) in a row" in str(clu()["nodes"]), 30, "the second failures seen", clu)
         before = pilots()
         status, body = app.request("POST", f"/api/nodes/{nodes[0]}/clear", {}, token=app.token("staff1"))
