@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
 from .parse import (SINFO_FORMAT, SQUEUE_FORMAT, SlurmVersion, Unreadable, check_version, parse_jobs,
                     parse_nodes, parse_version)
 from .records import SlurmJob, SlurmNode, gpu_count
 
+T = TypeVar("T")
 __all__ = ["BadJobId", "SlurmCli", "SlurmJob", "SlurmNode", "SlurmUnavailable", "SlurmUnreadable",
            "check_job_ids", "gpu_count", "valid_job_id"]
 
@@ -90,7 +91,7 @@ class SlurmCli:
             self._version = v
         return self._version
 
-    def _read(self, what: str, parse, argv: Sequence[str]):
+    def _read(self, what: str, parse: Callable[[str], list[T]], argv: Sequence[str]) -> list[T]:
         version = self.version()
         out = self._run(argv)
         try:

@@ -235,13 +235,13 @@ class SlurmSource(LiveNodeSource):
             self._cancel_quietly(cancel)
 
     def _submit(self) -> None:
-        s = self.settings
+        s, hub = self.settings, self.hub
+        assert hub is not None
+        script, env = pilots.script(s), pilots.environment(s, hub.address[1], hub.fingerprint, self._token)
         for node in self.free_nodes()[:self.book.room()]:
             job = None
             try:
-                assert self.hub is not None
-                job = self.cli.submit(pilots.sbatch_options(s, node, self._slurm.get(node)), pilots.script(s),
-                                      pilots.environment(s, self.hub.address[1], self.hub.fingerprint, self._token))
+                job = self.cli.submit(pilots.sbatch_options(s, node, self._slurm.get(node)), script, env)
             except SlurmUnavailable as e:
                 log.warning("could not submit a pilot to %s: %s", node, e)
                 return
