@@ -33,7 +33,8 @@ CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue", "visitor_slots")
 DEMO_VISITOR_SLOTS = 2
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
-         "live.workers.heartbeat_timeout_s": "--heartbeat-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
+         "live.workers.heartbeat_timeout_s": "--heartbeat-timeout",
+         "live.workers.start_timeout_s": "--start-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
 
 
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                            f"(default {DEFAULT_CRASH_WINDOW_S:g})")
     live.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="SECONDS",
                       help="live: a worker silent this long (hung, stopped) loses its node at once (default 15)")
+    live.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                      help="live: a job that holds nodes and makes no step (torchrun: prints no progress line) "
+                           "this long fails, with its log's last line (default 300)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
@@ -175,7 +179,8 @@ def live_settings(args) -> dict:
             "run_as": args.run_as, "trust_user_commands": args.trust_user_commands,
             "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
             "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
-            "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout}}
+            "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout,
+                        "start_timeout_s": args.start_timeout}}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live
@@ -227,6 +232,10 @@ def web_config(args) -> WebConfig:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        from .check import main as check
+        return check(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)

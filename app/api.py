@@ -34,7 +34,7 @@ from core.snapshot import BUSY, HELD
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
-from .openapi import PAGE_DEFAULT, PAGE_MAX, document as api_document
+from .openapi import LOG_LINES_DEFAULT, LOG_LINES_MAX, PAGE_DEFAULT, PAGE_MAX, document as api_document
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -122,13 +122,13 @@ def cluster():
     return jsonify(body)
 
 
-def _whole_arg(name: str, default: int, top: int):
-    """A query argument that is a whole number in [0, top]: (value, None) or (None, error response)."""
+def _whole_arg(name: str, default: int, top: int, least: int = 0):
+    """A query argument that is a whole number in [least, top]: (value, None) or (None, error response)."""
     text = request.args.get(name)
     if text is None:
         return default, None
-    if not text.isdigit() or int(text) > top:
-        return None, _err(400, f"{name}: give a whole number from 0 to {top}")
+    if not text.isdigit() or not least <= int(text) <= top:
+        return None, _err(400, f"{name}: give a whole number from {least} to {top}")
     return int(text), None
 
 
@@ -168,12 +168,16 @@ def job(job_id):
         body["run_as"] = job.run_as
     if job.launcher == LAUNCHER_TORCHRUN:
         body["progress_pattern"], body["stop_grace_seconds"] = job.progress_pattern, job.stop_grace_seconds
-    st = h.worker_status(job_id)
+        if job.samples_per_step:
+            body["samples_per_step"] = job.samples_per_step
+    st = h.worker_status(job_id) or job.story
+    if job.failure:
+        body["failure"] = job.failure
     if st:
         body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
                                                  "committed_step", "loss", "losses", "metrics", "lost", "last_rescale",
                                                  "generations", "progressing", "restart_count",
-                                                 "lost_samples")}
+                                                 "lost_samples", "last_output")}
     profile = h.profile(job_id)
     body["profile"] = finite(profile)
     span, learned = horizon_of(snap.config, job_id)
@@ -181,6 +185,27 @@ def job(job_id):
                       snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
                       span, snap.config.get("policy", ""), profile=profile, learned=learned)
     return jsonify(body)
+
+
+@bp.get("/jobs/<job_id>/logs")
+def job_logs(job_id):
+    """The last lines of a job's worker logs, rank 0's first: its owner's and staff's to read."""
+    user = context.current_user()
+    if user is None:
+        return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    h = context.harvester
+    job = h.job(job_id)
+    if job is None:
+        return _err(404, f"no job {job_id}")
+    if not user.may_cancel(job.owner):
+        return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may read its logs")
+    lines, bad = _whole_arg("lines", LOG_LINES_DEFAULT, LOG_LINES_MAX, least=1)
+    if bad:
+        return bad
+    workers = h.worker_logs(job_id, lines)
+    if not workers and job.failure and job.failure.get("tail"):
+        workers = {job.failure.get("node") or "worker": job.failure["tail"][-lines:]}
+    return jsonify({"job": job_id, "state": job.state.value, "workers": workers})
 
 
 @bp.post("/jobs")

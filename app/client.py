@@ -12,7 +12,11 @@ can copy this one file next to itself and needs nothing installed:
 
 Every refusal by the server, and a server that cannot be reached, raises `ApiError`; a job the
 server refuses carries the server's message per field in `ApiError.field_errors`, the same
-words the dashboard's form shows beside each field.
+words the dashboard's form shows beside each field. `wait(..., check=True)` raises `JobFailed`
+for a job that failed, with the server's account of why (kind, node, message, hint, log tail).
+
+`pip install /path/to/checkout` installs this module (and `app/harvest_cli.py`, the `harvest`
+command) without the server's requirements; see pyproject.toml.
 """
 
 # No `from __future__ import annotations` here: Python 3.11's TypedDict sees Required and
@@ -24,7 +28,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterator, NotRequired, Optional, Required, TypedDict, Union, Unpack
 
-__all__ = ["ApiError", "Client", "FINISHED", "Job", "JobFields", "Workers"]
+__all__ = ["ApiError", "Client", "FINISHED", "Failure", "Job", "JobFailed", "JobFields", "Logs", "Workers"]
 
 #: the states a job never leaves
 FINISHED: tuple[str, ...] = ("done", "failed", "cancelled")
@@ -69,6 +73,24 @@ class Workers(TypedDict, total=False):
     generations: int
 
 
+class Failure(TypedDict):
+    """Why a job failed, as `GET /api/jobs/<id>` gives it for a failed job (`Job["failure"]`)."""
+
+    kind: str                      # e.g. "command_not_found", "exception", "out_of_memory", "rendezvous"
+    node: Optional[str]            # where it happened, None when no one node is to blame
+    message: str
+    hint: str                      # what to do about it ("" when there is no advice)
+    tail: list[str]                # the last lines of that worker's log
+
+
+class Logs(TypedDict):
+    """`GET /api/jobs/<id>/logs`: the last lines of each worker's log, rank 0's worker first."""
+
+    job: str
+    state: str
+    workers: dict[str, list[str]]
+
+
 class Job(TypedDict):
     """A job as the API returns it. `job()` adds the keys marked NotRequired; `jobs()` and
     `submit()` return the others."""
@@ -101,6 +123,8 @@ class Job(TypedDict):
     workers: NotRequired[Workers]
     profile: NotRequired[Optional[dict[str, Any]]]
     why: NotRequired[str]
+    run_as: NotRequired[str]                 # the Unix account its command runs as, where the site maps logins
+    failure: NotRequired[Optional[Failure]]  # a failed job: why (absent or None otherwise)
 
 
 class ApiError(Exception):
@@ -115,6 +139,29 @@ class ApiError(Exception):
         self.field_errors: dict[str, str] = dict(field_errors or {})
         detail = "; ".join(f"{k}: {v}" for k, v in self.field_errors.items())
         super().__init__(f"{status or 'no answer'}: {message}" + (f" ({detail})" if detail else ""))
+
+
+class JobFailed(Exception):
+    """A job that ended "failed", raised by `Client.wait(..., check=True)`: `job` is the job as
+    the server last gave it, `failure` the server's account of why (`{}` when it gave none)."""
+
+    def __init__(self, job: Job, failure: Optional[Failure] = None) -> None:
+        self.job = job
+        self.failure: Failure = failure if failure is not None else job.get("failure") or {}  # type: ignore[assignment]
+        f: dict[str, Any] = dict(self.failure)
+        text = f"job {job.get('id', '?')} failed"
+        if f.get("kind"):
+            text += f": {f['kind']}"
+        if f.get("node"):
+            text += f" on {f['node']}"
+        if f.get("message"):
+            text += f": {f['message']}"
+        if f.get("hint"):
+            text += f" ({f['hint']})"
+        super().__init__(text)
+
+    def __reduce__(self):          # pickled (multiprocessing, Optuna's workers) with what it holds
+        return type(self), (self.job, self.failure)
 
 
 class Client:
@@ -174,18 +221,48 @@ class Client:
             time.sleep(poll_s)
 
     def wait(self, job_id: str, states: tuple[str, ...] = FINISHED, timeout: Optional[float] = None,
-             poll_s: float = 1.0) -> Job:
+             poll_s: float = 1.0, check: bool = False) -> Job:
         """The job once it is in one of `states`; TimeoutError after `timeout` seconds (None:
         no limit), since waiting too long is the caller's limit, not the server's refusal.
-        It also returns when the job ends in a state outside `states`: nothing would change."""
+        It also returns when the job ends in a state outside `states`: nothing would change.
+        With `check`, a job that ended "failed" raises JobFailed (why it failed, its log's
+        last lines) instead of being returned."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
+            if check and job["state"] == "failed":
+                raise JobFailed(job)
             if job["state"] in states or job["state"] in FINISHED:
                 return job
             if deadline is not None and time.monotonic() + poll_s > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout:g} s")
             time.sleep(poll_s)
+
+    def logs(self, job_id: str, lines: int = 40) -> Logs:
+        """The last `lines` (1 to 500) lines of each of the job's worker logs, rank 0's worker
+        first: `{"job", "state", "workers": {worker: [line, ...]}}`. Only the job's owner and
+        staff may read them (ApiError 401 without a token, 403 someone else's job, 404 no job)."""
+        query = urllib.parse.urlencode({"lines": lines})
+        return self._request("GET", f"/api/jobs/{_quote(job_id)}/logs?{query}")
+
+    def reclaim(self, node: str) -> dict[str, Any]:
+        """Staff: take `node` back as its owner would (live mode with a static node list); its
+        job loses it. ApiError 403 when you are not staff, 404 no such node, 409 a server whose
+        nodes are not operated by hand."""
+        return self._node(node, "reclaim")
+
+    def release(self, node: str) -> dict[str, Any]:
+        """Staff: give a reclaimed `node` again, to be harvested (errors as `reclaim`)."""
+        return self._node(node, "release")
+
+    def clear(self, node: str) -> dict[str, Any]:
+        """Staff, Slurm source: give a node skipped after failed pilots one again at once;
+        `{"node", "command", "cleared": whether it was skipped}`. ApiError 409 on a server whose
+        node source skips no node."""
+        return self._node(node, "clear")
+
+    def _node(self, node: str, command: str) -> dict[str, Any]:
+        return self._request("POST", f"/api/nodes/{_quote(node)}/{command}")
 
     def _request(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
         data = None if body is None else json.dumps(body).encode()

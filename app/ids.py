@@ -44,6 +44,9 @@ JOB_HEAD, JOB_WHY, JOB_CURVE, JOB_NODES, JOB_PROGRESS = (
 JOB_LOSS = "job-loss"         # the loss the job's rank 0 reports, over its steps (real workers only)
 JOB_HOLDS = "job-holds"       # what it holds now: "3 nodes × 4 GPUs = 12 ranks"
 JOB_PROFILE = "job-profile"   # what the profiler learned: costs, model, peak, confidence
+JOB_PATTERN = "job-pattern"             # a torchrun job's progress pattern not matched yet
+JOB_LAST_OUTPUT = "job-last-output"     # rank 0's last line of output
+JOB_FAILURE_TAIL = "job-failure-tail"   # the log lines under a failed job's why-line
 JOB_PROBES = "job-probes"     # the job's probes: time, nodes, why
 JOB_PROBES_BOX, JOB_PROBES_TITLE = "job-probes-box", "job-probes-title"
 JOB_EVENTS = "job-events"

@@ -9,6 +9,7 @@ from core.model import JobState
 from core.schemas import JobSpec
 
 PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
+LOG_LINES_DEFAULT, LOG_LINES_MAX = 40, 500  # GET /api/jobs/<id>/logs: lines per worker by default, at most
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -65,7 +66,28 @@ def document(version: str = "1") -> dict:
                                "progress": {"type": ["number", "null"]},
                                "run_as": {"type": "string",
                                           "description": "one job: the Unix account its command runs as, where "
-                                                         "the site maps logins (absent: the harvester's own)"}}},
+                                                         "the site maps logins (absent: the harvester's own)"},
+                               "failure": {"anyOf": [{"$ref": REF.format(model="Failure")}, {"type": "null"}],
+                                           "description": "one failed job: why it failed (absent otherwise)"}}},
+        "Failure": {"type": "object", "required": ["kind", "message"],
+                    "properties": {"kind": {"type": "string",
+                                            "description": 'what went wrong: "command_not_found", "exception", '
+                                                           '"out_of_memory", "rendezvous", "exit_status", ...'},
+                                   "node": {"type": ["string", "null"], "description": "where (null: no one node)"},
+                                   "message": {"type": "string"},
+                                   "hint": {"type": "string", "description": "what to do about it"},
+                                   "tail": {"type": "array", "items": {"type": "string"},
+                                            "description": "that worker's log's last lines"}}},
+        "Logs": {"type": "object", "required": ["job", "state", "workers"],
+                 "properties": {"job": {"type": "string"}, "state": {"type": "string"},
+                                "workers": {"type": "object",
+                                            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                                            "description": "each worker's log's last lines, rank 0's worker first"}}},
+        "NodeCommand": {"type": "object", "required": ["node", "command"],
+                        "properties": {"node": {"type": "string"},
+                                       "command": {"enum": ["reclaim", "release", "clear"]},
+                                       "cleared": {"type": "boolean",
+                                                   "description": "clear: whether the node was being skipped"}}},
         "JobList": {"type": "object", "required": ["jobs"],
                     "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
                                    "count": {"type": "integer"}, "total": {"type": "integer"},
@@ -122,6 +144,18 @@ def document(version: str = "1") -> dict:
                        "responses": {**_ok("cancelled", "Job"), **AUTH_ERRORS, "404": _error("no such job"),
                                      "409": _error("the job has already ended"),
                                      "503": _error("the harvester is not running")}}},
+        "/api/jobs/{job_id}/logs": {
+            "parameters": [job_id],
+            "get": {"summary": "the last lines of each of the job's worker logs (its owner, or staff)",
+                    "security": secured,
+                    "parameters": [{"name": "lines", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 1, "maximum": LOG_LINES_MAX},
+                                    "description": f"lines per worker (default {LOG_LINES_DEFAULT})"}],
+                    "responses": {**_ok("the logs, rank 0's worker first", "Logs"),
+                                  "400": _error(f"lines is not a whole number up to {LOG_LINES_MAX}"),
+                                  "401": AUTH_ERRORS["401"],
+                                  "403": _error("the job is someone else's (only its owner and staff read its logs)"),
+                                  "404": _error("no such job")}}},
         "/api/replay/{command}": {"post": {
             "summary": "pause, resume, or set the replay's speed (staff)", "security": secured,
             "parameters": [{"name": "command", "in": "path", "required": True,
@@ -138,7 +172,7 @@ def document(version: str = "1") -> dict:
             "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}},
                            {"name": "command", "in": "path", "required": True,
                             "schema": {"enum": ["reclaim", "release", "clear"]}}],
-            "responses": {**_ok("done", "Status"), **AUTH_ERRORS, "404": _error("no such node or command"),
+            "responses": {**_ok("done", "NodeCommand"), **AUTH_ERRORS, "404": _error("no such node or command"),
                           "409": _error("this server's nodes are not operated by hand, or skip none after failures")}}},
     }
     return {"openapi": "3.1.0",

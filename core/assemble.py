@@ -5,6 +5,7 @@ benchmarks and the tests only parse their input into settings and call `build`."
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlparse
@@ -15,6 +16,7 @@ from .dispatchers.simulated import SimulatedDispatcher
 from .dispatchers.workers import WorkerDispatcher
 from .errors import SettingsError
 from .inventory import load_inventory, local_nodes
+from .nodecheck import NodeCheck, check_nodes
 from .service import Harvester, LiveHarvester, ReplayHarvester
 from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
@@ -23,6 +25,8 @@ from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
 from .storelock import StoreLock
 from .transports.base import NodeSpec, Transport
+
+log = logging.getLogger(__name__)
 
 
 def build(settings: HarvesterSettings) -> Harvester:
@@ -52,6 +56,8 @@ def _build(settings: HarvesterSettings) -> Harvester:
     try:
         dispatcher = dispatcher_for(live, nodes, settings.db, hub)
         check_addresses(live, {n.name: source.address_of(n.name) or dispatcher.host_of(n.name) for n in nodes})
+        if live.dispatcher == "ssh" and isinstance(source, StaticSource) and isinstance(dispatcher, WorkerDispatcher):
+            trust_checked(source, dispatcher, live, nodes)
     except BaseException:
         if dispatcher is not None:
             dispatcher.close()
@@ -63,6 +69,33 @@ def _build(settings: HarvesterSettings) -> Harvester:
                          slots={n.name: n.slots for n in nodes}, lock=lock,
                          maps_users=isinstance(dispatcher, WorkerDispatcher) and dispatcher.run_as is not None,
                          trust_user_commands=live.trust_user_commands)
+
+
+def trust_checked(source: StaticSource, dispatcher: WorkerDispatcher, live: LiveSettings,
+                  nodes: Sequence[NodeSpec]) -> dict[str, NodeCheck]:
+    """Check every ssh node before it is offered: one that fails is held out with its reason
+    (until staff release it); the others' ranks bind the interface that reaches the head."""
+    checks = check_nodes(dispatcher.transport, nodes, workdir=live.workdir, head=live.dial_host, listen=live.bind_host)
+    for name, c in checks.items():
+        if not c.ok:
+            log.warning("node %s is not used: %s", name, c.line())
+            source.hold_out(name, c.line())
+        elif c.interface:
+            dispatcher.interfaces[name] = c.interface
+    return checks
+
+
+def check_inventory(inventory: Path, ssh_config: Optional[Path] = None, workdir: str = "",
+                    command: str = "", advertise: str = "", bind: str = "") -> dict[str, NodeCheck]:
+    """`python -m app check`: the start's checks of every node of an ssh inventory, and that
+    `command` (a job's interpreter) is found there; InputError for a bad inventory."""
+    nodes = load_inventory(inventory)
+    transport = transport_for("ssh", ssh_config)
+    try:
+        return check_nodes(transport, nodes, workdir=workdir, interpreter=command, head=advertise,
+                           listen=bind or advertise)
+    finally:
+        transport.close()
 
 
 def node_source(live: LiveSettings, db: Optional[Path] = None) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
@@ -112,7 +145,7 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
                             crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
-                            run_as=live.launcher,
+                            start_timeout_s=w.start_timeout_s, run_as=live.launcher,
                             orphan_s=live.slurm.orphan_timeout_s if live.dispatcher == "pilot" else 0.0)
 
 

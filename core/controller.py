@@ -27,7 +27,7 @@ from .dispatchers.base import Dispatcher
 from .errors import SettingsError
 from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner
 from .jpa import JPA, Probe
-from .model import EVENT_PRIORITY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
+from .model import EVENT_PRIORITY, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
 from .reclaim_order import ReclaimOrder
@@ -262,7 +262,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                         changed = True
                 elif kind is EventKind.JOB_SUBMIT:
                     changed |= self._register(ev.job, now)
-                else:
+                elif kind not in LOGGED_ONLY:
                     changed = True
             if lost:
                 self._vacate(lost, now)
@@ -393,6 +393,9 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         if job.state is JobState.QUEUED:
             self.n_queued -= 1
         job.samples_done = job.total_samples if state is JobState.DONE else job.samples_done
+        if state is JobState.FAILED:
+            job.failure = ev.failure or {"kind": "other", "message": ev.detail, "node": ev.node, "hint": "",
+                                         "tail": []}
         job.state = state
         job.end_time = now
         self._release(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from .failures import Failure
 from .model import Job, JobState
 
 
@@ -41,6 +42,9 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
             return f"queued: needs {job.min_nodes} idle nodes to start, {idle} are idle{pos}"
         return f"queued: {running} jobs already running (at most {max_jobs} at once){pos}"
     if state.finished:
+        failure = Failure.from_dict(job.failure) if state is JobState.FAILED else None
+        if failure is not None:
+            return f"failed at {_when(job.end_time)}: {failure.line()}"
         return f"{state.value} at {_when(job.end_time)}: holds no nodes"
     free = max(0, idle - used)
     if nodes >= job.max_nodes:

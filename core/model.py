@@ -56,6 +56,8 @@ class EventKind(str, enum.Enum):
     HARVESTER_CRASH = "harvester_crash"      # found at a restart: the last run did not stop cleanly
     HARVESTER_RESTART = "harvester_restart"  # the run on this store taken up again
     WORKERS_ADOPTED = "workers_adopted"      # a restart found a job's workers training on (logged)
+    JOB_TROUBLE = "job_trouble"              # a job's workers hit a problem that has not failed it (logged)
+    JOB_RESCALED = "job_rescaled"            # a job's workers regrouped at a new size, and how long it took (logged)
 
 
 #: order in which the controller handles events of one batch: a leave is always first.
@@ -73,7 +75,13 @@ EVENT_PRIORITY = {
     EventKind.HARVESTER_CRASH: 9,
     EventKind.HARVESTER_RESTART: 9,
     EventKind.WORKERS_ADOPTED: 9,
+    EventKind.JOB_TROUBLE: 9,
+    EventKind.JOB_RESCALED: 9,
 }
+#: kinds the controller only logs: they change no plan
+LOGGED_ONLY = frozenset({EventKind.PROBE, EventKind.JOB_REQUEUE, EventKind.HARVESTER_START, EventKind.HARVESTER_CRASH,
+                         EventKind.HARVESTER_RESTART, EventKind.WORKERS_ADOPTED, EventKind.JOB_TROUBLE,
+                         EventKind.JOB_RESCALED})
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,10 @@ class Job:
     launcher: str = LAUNCHER_RUNTIME    # real workers: see LAUNCHERS
     progress_pattern: str = DEFAULT_PROGRESS_PATTERN   # torchrun jobs: where progress is read
     stop_grace_seconds: float = 30.0    # torchrun jobs: SIGTERM -> SIGKILL, time to checkpoint
+    samples_per_step: float = 0.0       # torchrun jobs: > 0: the progress pattern counts steps of this many samples
     run_as: str = ""                    # real workers: the owner's Unix account ('': the harvester's own)
+    failure: Optional[dict] = None      # why it failed (core.failures.Failure as a dict), kept after its end
+    story: Optional[dict] = None        # real workers: its losses, generations and last metrics, kept after its end
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
@@ -157,6 +168,7 @@ class Event:
     node: Optional[str] = None
     job: Optional[str] = None
     detail: str = ""
+    failure: Optional[dict] = None      # JOB_FAILED / JOB_TROUBLE: the named reason (core.failures)
 
 
 @dataclass(frozen=True)

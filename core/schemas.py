@@ -181,6 +181,7 @@ class JobSpec(BaseModel):
     launcher: Literal["runtime", "torchrun"] = "runtime"
     progress_pattern: str = Field(default=DEFAULT_PROGRESS_PATTERN, min_length=1, max_length=500)
     stop_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    samples_per_step: float = Field(default=0.0, ge=0, le=1e9)   # torchrun: > 0: the pattern counts steps
 
     @field_validator("progress_pattern")
     @classmethod
@@ -212,7 +213,7 @@ class JobSpec(BaseModel):
         return v
 
     @field_validator("min_nodes", "max_nodes", "total_samples", "scale_up_seconds", "scale_down_seconds",
-                     "priority", "global_batch", "stop_grace_seconds", mode="before")
+                     "priority", "global_batch", "stop_grace_seconds", "samples_per_step", mode="before")
     @classmethod
     def _not_bool(cls, v):
         if isinstance(v, bool):

@@ -59,6 +59,7 @@ class WorkerSettings(_Settings):
     max_crashes: int = 3             # lost workers within crash_window_s after which the job fails
     crash_window_s: float = DEFAULT_CRASH_WINDOW_S   # losses older than this no longer count
     heartbeat_timeout_s: float = 15.0  # a worker silent this long (hung, stopped) loses its node
+    start_timeout_s: float = 300.0   # a job holding nodes with no step (progress line) this long fails
     sample_s: float = 5.0            # seconds of one generation per throughput sample
 
     @field_validator("crash_window_s")
@@ -68,7 +69,7 @@ class WorkerSettings(_Settings):
             raise SettingsError("", "must be a number of seconds from 1 to 2592000 (30 days)")
         return v
 
-    @field_validator("heartbeat_timeout_s")
+    @field_validator("heartbeat_timeout_s", "start_timeout_s")
     @classmethod
     def _heartbeat(cls, v: float) -> float:
         if not (math.isfinite(v) and 1 <= v <= 3600):

@@ -32,7 +32,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "submit_time": float, "start_time": float, "end_time": float, "nodes": str,
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
         "given_curve": str, "launcher": str, "progress_pattern": str, "stop_grace_seconds": float,
-        "run_as": str,
+        "run_as": str, "failure": str, "story": str, "samples_per_step": float,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str, "idle_since": float}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -153,6 +153,9 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "given_curve": json.dumps(job.given_curve.to_dict()) if job.given_curve else None,
         "launcher": job.launcher, "progress_pattern": job.progress_pattern,
         "stop_grace_seconds": job.stop_grace_seconds, "run_as": job.run_as or None,
+        "samples_per_step": job.samples_per_step or None,
+        "failure": json.dumps(job.failure) if job.failure else None,
+        "story": json.dumps(job.story) if job.story else None,
     }
 
 
@@ -171,8 +174,19 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         launcher=row.get("launcher") or LAUNCHER_RUNTIME,
         progress_pattern=row.get("progress_pattern") or DEFAULT_PROGRESS_PATTERN,
         stop_grace_seconds=row["stop_grace_seconds"] if row.get("stop_grace_seconds") is not None else 30.0,
-        run_as=row.get("run_as") or "")
+        run_as=row.get("run_as") or "", samples_per_step=row.get("samples_per_step") or 0.0, failure=_json_dict(row.get("failure")), story=_json_dict(row.get("story")))
     return job, json.loads(row["nodes"] or "[]")
+
+
+def _json_dict(text: Optional[str]) -> Optional[dict]:
+    """A JSON object column (a job's failure, its story); None when empty or not an object."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _why(e: sqlite3.Error) -> str:

@@ -45,12 +45,12 @@ def operations(app):
 
 
 def test_every_operation_is_fuzzed(operations):
-    assert len(operations) == 9, sorted(operations)
+    assert len(operations) == 10, sorted(operations)
 
 
 @pytest.mark.parametrize("name", ["POST /api/token", "GET /api/health", "GET /api/cluster", "GET /api/jobs",
                                   "POST /api/jobs", "GET /api/jobs/{job_id}", "DELETE /api/jobs/{job_id}",
-                                  "POST /api/replay/{command}", "POST /api/nodes/{node}/{command}"])
+                                  "GET /api/jobs/{job_id}/logs", "POST /api/replay/{command}", "POST /api/nodes/{node}/{command}"])
 def test_no_5xx_and_every_answer_as_documented(app, staff, operations, name):
     """Each operation with up to EXAMPLES generated requests (schemathesis's pytest plugin does
     not run under this pytest, so hypothesis drives its strategies here)."""

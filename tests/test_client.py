@@ -1,18 +1,32 @@
 """The Python client (app/client.py) against a real `python -m app` with simulated live jobs (a
 job runs at its curve in wall time, so that one finishes in seconds): submit, a refused job's
 field errors, job, jobs and their filters, cancel, wait, and every refusal as one ApiError type;
-and the client file copied alone, run by a Python without site-packages."""
+staff reclaiming and releasing a node; the client file copied alone, run by a Python without
+site-packages; the `harvest` command (app/harvest_cli.py) as a user runs it: login (password from
+the environment, or typed at a terminal's prompt), submit, status, wait, cancel, and every error
+one line with exit status 2. Against a second server with real worker processes: a failing
+job's failure (kind, node, message, hint, log tail) through `wait(check=True)` and `harvest
+wait`, and the workers' logs through `Client.logs` and `harvest logs`. The installed package:
+tests/test_client_install.py."""
 from __future__ import annotations
 
 import ast
+import json
+import os
+import pickle
+import pty
+import select
 import shutil
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from app.client import FINISHED, ApiError, Client
+from app.client import FINISHED, ApiError, Client, JobFailed
 from tests.support.server import ROOT, free_port, password, start_app
+from tests.support.waiting import wait
 
 LONG = {"min_nodes": 1, "max_nodes": 2, "total_samples": 1e9, "curve": "1:100, 2:190"}
 
@@ -109,3 +123,250 @@ def test_the_client_file_alone_needs_only_the_standard_library(app, tmp_path):
     r = subprocess.run([sys.executable, "-E", "-s", "-S", "-c", script, app.url, password("alice")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "cancelled", r.stdout + r.stderr
+
+
+# ---- staff operating nodes ---------------------------------------------------------------------
+
+def _node_states(app) -> dict[str, str]:
+    status, body = app.get("/api/cluster")
+    assert status == 200, body
+    return {n["name"]: n["state"] for n in body["nodes"]}
+
+
+def test_staff_reclaim_and_release_a_node_through_the_client(app, alice):
+    staff = Client.login(app.url, "staff1", password("staff1"))
+    node = sorted(_node_states(app))[-1]
+    assert staff.reclaim(node) == {"node": node, "command": "reclaim"}
+    wait(lambda: _node_states(app)[node] == "busy", 10, f"{node} taken back by its owner", lambda: _node_states(app))
+    assert staff.release(node) == {"node": node, "command": "release"}
+    wait(lambda: _node_states(app)[node] != "busy", 10, f"{node} offered again", lambda: _node_states(app))
+    for call, status, words in ((lambda: alice.reclaim(node), 403, "only staff"),
+                                (lambda: Client(app.url).release(node), 401, "log in"),
+                                (lambda: staff.reclaim("no-such-node"), 404, "no node no-such-node"),
+                                (lambda: staff.clear(node), 409, "skips no node")):
+        with pytest.raises(ApiError) as refused:
+            call()
+        assert refused.value.status == status and words in refused.value.message, refused.value
+    assert _node_states(app)[node] != "busy"
+
+
+# ---- JobFailed, without a server -------------------------------------------------------------
+
+def test_job_failed_says_what_the_server_said_and_leaves_out_what_it_did_not():
+    job = {"id": "u-1", "state": "failed", "failure": {
+        "kind": "command_not_found", "node": "n3", "message": "python9: not found", "hint": "give a full path",
+        "tail": ["a", "b"]}}
+    e = JobFailed(job)  # type: ignore[arg-type]
+    assert str(e) == "job u-1 failed: command_not_found on n3: python9: not found (give a full path)"
+    assert e.job is job and e.failure == job["failure"]
+    assert str(JobFailed({**job, "failure": {"kind": "hung", "node": None, "message": "", "hint": "", "tail": []}})) \
+        == "job u-1 failed: hung"
+    assert str(JobFailed({"id": "u-2", "state": "failed"})) == "job u-2 failed"       # type: ignore[arg-type]
+    assert str(JobFailed({"id": "u-2", "state": "failed", "failure": None})) == "job u-2 failed"  # type: ignore[arg-type]
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is JobFailed and str(again) == str(e) and again.failure == e.failure
+
+
+# ---- the harvest command -----------------------------------------------------------------------
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with its own HOME (so ~/.config/harvest/token is the test's)
+    and none of harvest's variables but those given."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HARVEST_URL", "HARVEST_PASSWORD", "HARVEST_TOKEN_FILE", "XDG_CONFIG_HOME", "HARVEST_DEBUG")}
+    return {**env, "HOME": str(home), **extra}
+
+
+def harvest(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.harvest_cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(r: subprocess.CompletedProcess, *words: str) -> str:
+    assert r.returncode == 2 and r.stdout == "", r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harvest: error: "), r.stderr
+    assert all(w in lines[0] for w in words), (words, lines[0])
+    return lines[0]
+
+
+def test_the_harvest_command_logs_in_submits_follows_and_cancels(app, tmp_path):
+    env = _env(tmp_path, HARVEST_PASSWORD=password("alice"))
+    r = harvest("login", app.url, "alice", env=env)
+    assert r.returncode == 0 and f"logged in to {app.url} as alice" in r.stdout, r
+    saved = tmp_path / ".config" / "harvest" / "token"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(saved.parent.stat().st_mode) == 0o700
+    kept = json.loads(saved.read_text())
+    assert kept["url"] == app.url and kept["user"] == "alice" and kept["token"]
+    assert password("alice") not in saved.read_text(), "the password is never kept"
+    del env["HARVEST_PASSWORD"]                       # from here on the saved login (its URL and token)
+
+    r = harvest("submit", "--name", "cli long", "--min-nodes", "1", "--max-nodes", "2", "--total-samples", "1e9",
+                "--curve", "1:100, 2:190", "--global-batch", "64", "--", "python", "train.py", "--lr", "0.1", env=env)
+    assert r.returncode == 0, r
+    long_id = r.stdout.strip()
+    assert long_id.startswith("u-") and "\n" not in long_id
+    job = Client(app.url).job(long_id)
+    assert job["owner"] == "alice" and job["name"] == "cli long" and job["max_nodes"] == 2
+
+    r = harvest("status", long_id, env=env)
+    assert r.returncode == 0 and r.stdout.startswith(f"{long_id} ") and "'cli long'" in r.stdout, r
+    assert r.stdout.split()[1] in ("queued", "running") and "%" in r.stdout
+    r = harvest("status", "--owner", "alice", env=env)
+    rows = r.stdout.splitlines()
+    assert r.returncode == 0 and rows[0].split() == ["ID", "STATE", "NODES", "PROGRESS", "OWNER", "NAME"], r
+    assert any(row.startswith(long_id) and row.endswith("cli long") for row in rows[1:]), rows
+    r = harvest("status", "--state", "done", "--owner", "alice", env=env)
+    assert r.returncode == 0 and long_id not in r.stdout
+
+    r = harvest("cancel", long_id, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == f"{long_id} cancelled", r
+    r = harvest("wait", long_id, env=env)
+    assert r.returncode == 1 and r.stdout.startswith(f"{long_id} cancelled"), r
+
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"name": "from the file", "min_nodes": 1, "max_nodes": 2, "total_samples": 300,
+                                "curve": "1:100, 2:190", "scale_up_seconds": 0, "scale_down_seconds": 0}))
+    r = harvest("submit", "--json", str(spec), "--name", "cli short", env=env)   # the flag wins over the file
+    assert r.returncode == 0, r
+    short_id = r.stdout.strip()
+    r = harvest("wait", short_id, "--timeout", "30", "--poll", "0.1", env=env)
+    assert r.returncode == 0 and r.stdout.startswith(f"{short_id} done 100.0%") and "'cli short'" in r.stdout, r
+
+    r = harvest("wait", short_id, "--url", app.url + "/", "--timeout", "5", env=env)     # --url after the command
+    assert r.returncode == 0, r
+
+
+def test_harvest_errors_are_one_line_and_exit_2(app, tmp_path):
+    env = _env(tmp_path, HARVEST_URL=app.url)
+    _one_error_line(harvest("status", "u-nope", env=env), "404", "no job u-nope")
+    _one_error_line(harvest("submit", "--name", "x", "--min-nodes", "1", "--max-nodes", "1", "--total-samples", "1",
+                            "--curve", "1:1", env=env), "401", "harvest login")
+    _one_error_line(harvest("login", "bob", env={**env, "HARVEST_PASSWORD": "wrong"}),
+                    "401: wrong user name or password")
+    assert not (tmp_path / ".config" / "harvest" / "token").exists()
+    r = harvest("login", "bob", env={**env, "HARVEST_PASSWORD": password("bob")})
+    assert r.returncode == 0, r
+    _one_error_line(harvest("submit", "--name", "", "--min-nodes", "3", "--max-nodes", "2", "--total-samples", "-1",
+                            env=env), "422: invalid job (", "max_nodes: max nodes (2) must be at least min nodes (3)")
+    job_id = harvest("submit", "--name", "bob's", "--min-nodes", "1", "--max-nodes", "1", "--total-samples", "1e9",
+                     "--curve", "1:10", env=env).stdout.strip()
+    assert harvest("cancel", job_id, env=env).returncode == 0
+    _one_error_line(harvest("cancel", job_id, env=env), "409")
+    # the token goes to the address it came from only: the same server by another name gets none
+    other = app.url.replace("127.0.0.1", "localhost")
+    _one_error_line(harvest("--url", other, "cancel", job_id, env=env), "401", "harvest login")
+    _one_error_line(harvest("status", "--url", f"http://127.0.0.1:{free_port()}", env=env), "cannot reach")
+    _one_error_line(harvest("status", env=_env(tmp_path / "nobody")), "no server")
+    _one_error_line(harvest("submit", "--json", str(tmp_path / "missing.json"), env=env), "missing.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    _one_error_line(harvest("submit", "--json", str(tmp_path / "list.json"), env=env), "JSON object")
+    _one_error_line(harvest("submit", "--name", "x", "--", env=env), "no command")
+    r = harvest("frobnicate", env=env)                     # argparse's own usage error: also exit 2
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "harvest: error: argument" in r.stderr, r
+
+
+def test_the_password_prompt_reads_a_terminal_and_does_not_echo(app, tmp_path):
+    env = _env(tmp_path, HARVEST_TOKEN_FILE=str(tmp_path / "elsewhere" / "token"))
+    pid, fd = pty.fork()
+    if pid == 0:                                           # the child: harvest on a terminal of its own
+        try:
+            os.chdir(ROOT)
+            os.execve(sys.executable, [sys.executable, "-m", "app.harvest_cli", "login", app.url, "bob"], env)
+        finally:
+            os._exit(127)
+    out = b""
+
+    def read(until: bytes = b"") -> bool:
+        nonlocal out
+        if until and until in out:
+            return True
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:                                # EIO: the child has gone
+                chunk = b""
+            out += chunk
+            return bool(until) and until in out or not chunk
+        return False
+    try:
+        wait(lambda: read(b"password for bob"), 30, "the password prompt", lambda: out)
+        os.write(fd, password("bob").encode() + b"\n")
+        wait(lambda: read(), 30, "harvest login to end", lambda: out)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert b"logged in to" in out and password("bob").encode() not in out, out
+    saved = tmp_path / "elsewhere" / "token"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and json.loads(saved.read_text())["user"] == "bob"
+
+
+# ---- a failing job on real workers (needs the server's `failure` and GET /api/jobs/<id>/logs) ---
+
+FAILING = [sys.executable, "-c", "import sys; print('starting up'); print('boom: the last line'); sys.exit(3)"]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    proc = start_app(tmp_path_factory.mktemp("client-local"), "--fresh", "--dispatch", "local", "--local-nodes", "1",
+                     "--no-profiler", "--tick", "0.1")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def failed(local) -> tuple[Client, str]:
+    """alice's job whose command exits 3 at once."""
+    api = Client.login(local.url, "alice", password("alice"))
+    job = api.submit(name="fails", min_nodes=1, max_nodes=1, total_samples=1e6, curve="1:100", command=FAILING,
+                     global_batch=64, scale_up_seconds=0, scale_down_seconds=0)
+    return api, job["id"]
+
+
+def test_wait_with_check_raises_job_failed_with_the_servers_failure(local, failed, tmp_path):
+    api, job_id = failed
+    with pytest.raises(JobFailed) as failure:
+        api.wait(job_id, timeout=60, poll_s=0.2, check=True)
+    e = failure.value
+    assert e.job["id"] == job_id and e.job["state"] == "failed"
+    f = e.failure
+    assert f == e.job.get("failure") and f["kind"] and f["message"], e.job
+    assert any("boom: the last line" in line for line in f["tail"]), f
+    assert str(e).startswith(f"job {job_id} failed: {f['kind']}") and f["message"] in str(e)
+    assert api.wait(job_id, timeout=5, poll_s=0.1)["state"] == "failed", "without check: returned as before"
+
+    env = _env(tmp_path, HARVEST_URL=local.url, HARVEST_PASSWORD=password("alice"))
+    assert harvest("login", "alice", env=env).returncode == 0
+    r = harvest("wait", job_id, "--timeout", "10", env=env)
+    assert r.returncode == 1 and r.stderr == "", r
+    assert r.stdout.startswith(f"{job_id} failed") and f"job {job_id} failed\n  kind:    {f['kind']}\n" in r.stdout, r
+    assert f"  message: {f['message']}" in r.stdout and "  log tail:\n" in r.stdout
+    assert "    boom: the last line" in r.stdout.splitlines(), r.stdout
+    r = harvest("status", job_id, env=env)
+    assert r.returncode == 0 and f"kind:    {f['kind']}" in r.stdout, r
+
+
+def test_the_workers_logs_through_the_client_and_the_command(local, failed, tmp_path):
+    api, job_id = failed
+    wait(lambda: api.job(job_id)["state"] in FINISHED, 60, "the failing job to end")
+    logs = api.logs(job_id, lines=5)
+    assert logs["job"] == job_id and logs["state"] == "failed" and logs["workers"], logs
+    first = next(iter(logs["workers"].values()))
+    assert 0 < len(first) <= 5 and any("boom: the last line" in line for line in first), logs
+    assert len(next(iter(api.logs(job_id, lines=1)["workers"].values()))) == 1
+    for call, status in ((lambda: Client.login(local.url, "bob", password("bob")).logs(job_id), 403),
+                         (lambda: Client(local.url).logs(job_id), 401),
+                         (lambda: api.logs("u-nope"), 404),
+                         (lambda: api.logs(job_id, lines=501), 400)):
+        with pytest.raises(ApiError) as refused:
+            call()
+        assert refused.value.status == status, refused.value
+    staff = Client.login(local.url, "staff1", password("staff1"))
+    assert staff.logs(job_id, lines=5) == logs
+
+    env = _env(tmp_path, HARVEST_URL=local.url, HARVEST_PASSWORD=password("alice"))
+    assert harvest("login", "alice", env=env).returncode == 0
+    r = harvest("logs", job_id, "--lines", "5", env=env)
+    assert r.returncode == 0 and r.stdout.startswith("==> ") and "boom: the last line" in r.stdout, r
+    _one_error_line(harvest("logs", job_id, "--lines", "501", env=env), "400", "lines")

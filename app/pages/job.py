@@ -91,7 +91,8 @@ def update_job(n, job_id):
     span, learned = horizon_of(cfg, job_id)
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
                cfg["max_jobs"], span, cfg["policy"], _queue_position(snap, job_id), profile, learned)
-    workers = (h.worker_status(job_id) or {}) if cfg.get("runs_workers") else {}
+    workers = (h.worker_status(job_id) or job.story or {}) if cfg.get("runs_workers") else {}
+    end = job.end_time if job.state.finished and job.end_time else snap.time   # its charts stop at its end
     head = html.Div([
         html.H2(f"{job.name or job.id}  ·  {job.id}"),
         html.Div([
@@ -109,6 +110,7 @@ def update_job(n, job_id):
                   f"{_pause(profile['scale_up_seconds'] if profile else job.scale_up_seconds)} / "
                   f"{_pause(profile['scale_down_seconds'] if profile else job.scale_down_seconds)}"),
             *learning_facts(workers),
+            *output_facts(job, workers),
         ], className="facts"),
     ])
     user = context.current_user()
@@ -119,9 +121,9 @@ def update_job(n, job_id):
     measured = hist.job_curve_points(job_id) if profile is None else []
     shown = {} if profile is not None else hidden
     axis = TIME_AXIS if h.capabilities.can_set_speed else LIVE_TIME_AXIS
-    return (head, line, curve_figure(job, info, measured, profile),
-            nodes_figure(allocs, snap.time, info, axis),
-            progress_figure(thr, snap.time, info, job.total_samples, axis),
+    return (head, why_children(line, job), curve_figure(job, info, measured, profile),
+            nodes_figure(allocs, end, info, axis),
+            progress_figure(thr, end, info, job.total_samples, axis),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
             probe_rows(profile), shown, probes_title(profile),
             loss_figure(workers.get("losses") or [], info), {} if cfg.get("runs_workers") else hidden)
@@ -135,6 +137,24 @@ def learning_facts(workers: dict) -> list:
     for name, value in sorted((workers.get("metrics") or {}).items())[:6]:
         out.append(_fact(str(name), f"{value:.4g}"))
     return out
+
+
+def output_facts(job, workers: dict) -> list:
+    """What rank 0 last printed, and whether a torchrun job's progress pattern has matched yet:
+    a job that shows no progress says why here first."""
+    out = []
+    if job.launcher == LAUNCHER_TORCHRUN and job.state.value == "running" and workers \
+            and not workers.get("progressing"):
+        out.append(_fact("progress", f"pattern {job.progress_pattern} not matched yet", ids.JOB_PATTERN))
+    if workers.get("last_output"):
+        out.append(_fact("rank 0's last line", workers["last_output"][-160:], ids.JOB_LAST_OUTPUT))
+    return out
+
+
+def why_children(line: str, job) -> list:
+    """The why-line; under a failed job's, the last lines of the log that named the failure."""
+    tail = (job.failure or {}).get("tail") or []
+    return [line, html.Pre("\n".join(tail[-12:]), id=ids.JOB_FAILURE_TAIL, className="failure-tail")] if tail else [line]
 
 
 def loss_figure(losses: list, info: dict) -> dict:

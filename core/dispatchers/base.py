@@ -59,6 +59,10 @@ class Dispatcher(ABC):
         """What the job's workers say of themselves (generation, members, ...), if they are real."""
         return None
 
+    def logs(self, job_id: str, lines: int = 40) -> dict[str, list[str]]:
+        """The last `lines` of each running worker's log, rank 0's first ({}: none)."""
+        return {}
+
     def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         """A progress report from a job's workers: an HTTP status (204 taken, 401, 400, 404)."""
         return 404

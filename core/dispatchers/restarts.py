@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .. import failures
+from ..failures import Failure
 from ..model import Event, EventKind, Job, PauseSample, RateSample
 from ..runtime import ranks
 from ..transports.base import Handle, NodeSpec, StartError, Transport, TransportError
@@ -67,6 +69,7 @@ class _RestartRun:
     rate: float = 0.0
     meter: Optional[tuple[float, float, int]] = None   # (time, samples, generation)
     losses: list[float] = field(default_factory=list)   # when ranks were lost (the crash budget's)
+    last_line: str = ""               # rank 0's last line of output
     ended: bool = False
     applying: threading.Lock = field(default_factory=threading.Lock)
 
@@ -77,13 +80,20 @@ class RestartJobs:
     def __init__(self, transport: Transport, specs: dict[str, NodeSpec], logdir: Path,
                  launch: Callable[[Job, NodeSpec, dict[str, str], str], Handle],
                  base_env: Callable[[], dict[str, str]], submit: Callable, post: Callable[[Event], None],
-                 lost: Callable[[str, str, str], None], progress_timeout_s: float = 600.0,
-                 sample_s: float = 5.0) -> None:
+                 lost: Callable[[str, str, Failure], None], progress_timeout_s: float = 600.0,
+                 sample_s: float = 5.0, start_timeout_s: float = 300.0,
+                 interfaces: Optional[dict[str, str]] = None) -> None:
         """`launch(job, node, env, log_path)` starts one rank (the dispatcher's: as the job's
-        account where it has one); `transport` polls and stops them."""
+        account where it has one); `transport` polls and stops them. A generation with no
+        progress line within `start_timeout_s`, or none for `progress_timeout_s` after its
+        first, fails the job with rank 0's last line. `interfaces`: per node, what its ranks
+        give gloo (GLOO_SOCKET_IFNAME) where the site does not: a script of its own binds the
+        interface that reaches the head, whatever its host name resolves to."""
         self.transport, self.specs, self.logdir, self.launch = transport, specs, logdir, launch
         self.base_env, self.submit, self.post, self.lost = base_env, submit, post, lost
         self.progress_timeout_s = progress_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.interfaces = interfaces if interfaces is not None else {}
         self.sample_s = sample_s
         self.life = 1                 # the harvester's start number, in every log's name
         self.runs: dict[str, _RestartRun] = {}
@@ -116,6 +126,8 @@ class RestartJobs:
         if run is None:
             return
         job.samples_done = max(job.samples_done, run.samples)
+        job.story = {"samples_done": run.samples, "lost_samples": run.lost_samples, "restart_count": run.restarts,
+                     "last_output": run.last_line}
         run.ended = True
         run.target = []
         self.submit(self._apply, run)
@@ -139,7 +151,13 @@ class RestartJobs:
                 "nodes": len(gen.nodes) if gen and gen.handles else 0, "regrouping": run.stop_at is not None,
                 "samples_done": run.samples, "lost_samples": run.lost_samples,
                 "progressing": bool(gen and gen.handles and gen.first_progress_at is not None),
+                "last_output": run.last_line,
                 "committed_step": None, "loss": None, "lost": [], "last_rescale": None}
+
+    def keyed_handles(self, job_id: str) -> list[tuple[str, Handle]]:
+        """The job's running ranks, rank 0 first."""
+        run = self.runs.get(job_id)
+        return list(run.gen.handles.items()) if run is not None and run.gen is not None else []
 
     def samples(self) -> list:
         with self._lock:
@@ -183,16 +201,19 @@ class RestartJobs:
         try:
             for key in keys:
                 env = {**common, **ranks.place(keys, key).env(), "HARVEST_NODE": key}
+                iface = self.interfaces.get(ranks.node_of(key))
+                if iface and "GLOO_SOCKET_IFNAME" not in env:
+                    env["GLOO_SOCKET_IFNAME"] = iface
                 log_path = str(self.logdir / run.job.id / f"{key}-s{self.life}-g{number}.log")
                 started[key] = self.launch(run.job, self.specs[ranks.node_of(key)], env, log_path)
         except (StartError, ValueError) as e:
             self.transport.stop_many(list(started.values()), 0.5)
-            self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
-                            detail=f"cannot start the command: {e}"))
+            self._fail(run, failures.from_start_error(getattr(e, "message", str(e)), getattr(e, "node", None)))
             return
         except TransportError as e:
             self.transport.stop_many(list(started.values()), 0.5)
-            self.lost(run.job.id, e.node, f"cannot reach {e.node}: {e.message}")
+            self.lost(run.job.id, e.node, Failure(failures.UNREACHABLE, f"cannot reach {e.node}: {e.message}", e.node,
+                                                  failures.hint_of(failures.UNREACHABLE)))
             return
         gen.handles = started
         run.gen = gen
@@ -200,41 +221,84 @@ class RestartJobs:
 
     # ---- watching ------------------------------------------------------------------------------
     def check(self, alive: dict[Handle, Optional[bool]]) -> None:
-        """Per poll: read rank 0's progress, notice the end of the job or a dead rank."""
+        """Per poll: read rank 0's progress, notice the end of the job, a dead rank or a
+        generation that shows no progress."""
         for run in list(self.runs.values()):
             gen = run.gen
             if run.ended or gen is None or not gen.handles or run.applying.locked():
                 continue
             hs = list(gen.handles.items())
             self._read_progress(run, hs[0][1])
-            dead = [(k, h) for k, h in hs if alive.get(h) is False or alive.get(h) is None]
+            dead = [(k, h) for k, h in hs if not alive.get(h)]
             if not dead:
-                if time.monotonic() - run.progress_at > self.progress_timeout_s and not run.ended:
-                    run.ended = True
-                    tail = self._tail(hs[0][1])
-                    self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
-                                    detail=f"no progress line matching {run.job.progress_pattern!r} for "
-                                           f"{self.progress_timeout_s:.0f} s; last log lines: {' | '.join(tail[-5:])}"))
+                self._check_stalled(run, gen)
                 continue
-            if run.samples >= run.job.total_samples:
-                if len(dead) == len(hs):
-                    run.ended = True
-                    self.post(Event(time.time(), EventKind.JOB_DONE, job=run.job.id))
-                continue
-            key, handle = dead[0]
+            rank0_key = hs[0][0]
+            rank0_dead = any(k == rank0_key for k, _ in dead)
+            key, handle = next(((k, h) for k, h in dead if k == rank0_key), dead[0])
             with run.applying:
                 if run.gen is not gen or not gen.handles:
                     continue
                 gen.handles = {}
-            self.transport.stop_many([h for _, h in hs], 1.0)
+            if rank0_dead and run.samples >= run.job.total_samples:
+                self.transport.stop_many([h for _, h in hs], run.job.stop_grace_seconds)
+                run.ended = True
+                self.post(Event(time.time(), EventKind.JOB_DONE, job=run.job.id))
+                continue
             node = ranks.node_of(key)
-            tail = self._tail(handle)
-            run.target = [n for n in run.target if n != node]
-            why = "unreachable" if alive.get(handle) is None else "rank exited"
-            self.lost(run.job.id, node, f"{why} on {node} ({key})" + (f": {tail[-1]}" if tail else ""))
+            if alive.get(handle) is None:
+                failure = Failure(failures.UNREACHABLE, f"{node} did not answer a liveness check", node,
+                                  failures.hint_of(failures.UNREACHABLE))
+            else:
+                failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
+            self.transport.stop_many([h for _, h in hs], 1.0)
+            if rank0_dead and failure.kind in (failures.EXITED_EARLY, failures.OTHER):
+                failure.kind, failure.hint = failures.EXITED_EARLY, (
+                    "rank 0 ended without an error before the job's total: the script must train until "
+                    "its total samples (and print them cumulatively), or register the total it trains")
+                failure.message = (f"rank 0 exited at {run.samples:,.0f} of {run.job.total_samples:,.0f} samples"
+                                   + (f"; last line: {run.last_line}" if run.last_line else ""))
+                self._fail(run, failure)
+            elif failure.kind in failures.SETUP and run.best <= 0 and gen.first_progress_at is None:
+                failure.message = f"before the job's first progress line: {failure.message}"
+                self._fail(run, failure)
+            else:
+                run.target = [n for n in run.target if n != node]
+                self.lost(run.job.id, node, failure)
+                if run.target and not run.ended:
+                    self.submit(self._apply, run)      # the job goes on on its other nodes
+
+    def _check_stalled(self, run: _RestartRun, gen: _Gen) -> None:
+        """No progress line within `start_timeout_s` of the generation's start, or none for
+        `progress_timeout_s` after: the job fails with rank 0's last line."""
+        first = gen.first_progress_at is None
+        since = gen.started_at if first else max(run.progress_at, gen.first_progress_at or 0.0)
+        limit = self.start_timeout_s if first else self.progress_timeout_s
+        if time.monotonic() - since <= limit:
+            return
+        what = "no progress line" if first else "no new progress line"
+        self._fail(run, Failure(
+            failures.NO_PROGRESS,
+            f"{what} matching {run.job.progress_pattern!r} for {limit:.0f} s"
+            + (f"; rank 0's last line: {run.last_line}" if run.last_line else "; rank 0 printed nothing"),
+            gen.nodes[0] if gen.nodes else None,
+            "rank 0 must print its cumulative samples in a line the job's progress pattern matches "
+            "(flush its output, or run with PYTHONUNBUFFERED=1)" if first else failures.hint_of(failures.NO_PROGRESS),
+            self._tail(next(iter(gen.handles.values()))) if gen.handles else []))
+
+    def _fail(self, run: _RestartRun, failure: Failure) -> None:
+        if run.ended:
+            return
+        run.ended = True
+        self.post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id, node=failure.node,
+                        detail=failure.line(), failure=failure.to_dict()))
 
     def _read_progress(self, run: _RestartRun, rank0: Handle) -> None:
-        value = self._last_match(run.job.progress_pattern, self._tail(rank0))
+        tail = self._tail(rank0)
+        lines = [line for line in tail if line.strip()]
+        if lines:
+            run.last_line = lines[-1][-300:]
+        value = self._last_match(run.job.progress_pattern, tail, run.job.samples_per_step)
         if value is None:
             return
         now = time.monotonic()
@@ -277,13 +341,14 @@ class RestartJobs:
             run.meter = (now, run.samples, gen.number)
 
     @staticmethod
-    def _last_match(pattern: str, lines: list[str]) -> Optional[float]:
+    def _last_match(pattern: str, lines: list[str], per_step: float = 0.0) -> Optional[float]:
+        """Group 1 of the last line matching `pattern`: samples, or steps of `per_step` samples."""
         rx = re.compile(pattern)
         for line in reversed(lines):
             m = rx.search(line)
             if m:
                 try:
-                    return float(m.group(1))
+                    return float(m.group(1)) * (per_step if per_step > 0 else 1.0)
                 except (IndexError, ValueError):
                     return None
         return None

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .. import failures
 from ..crashes import DEFAULT_CRASH_WINDOW_S, note_loss
+from ..failures import Failure
 from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
 from ..privatefiles import write_private
 from ..runtime import ranks
@@ -63,6 +65,10 @@ class _Run:
     last_tail: list[str] = field(default_factory=list)
     meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
     paused_gen: int = 0                               # last generation whose pause was reported
+    troubled_gen: int = 0                             # last generation whose failure was reported
+    stepped: bool = False                             # a generation of it has made a step
+    step_seen: tuple[int, float] = (-1, 0.0)          # (committed step, monotonic when it was seen)
+    stalled: bool = False                             # failed for no step within `start_timeout_s`
     adopt_until: Optional[float] = None   # monotonic: after a restart, waiting for its workers to rejoin
 
 
@@ -74,13 +80,15 @@ class WorkerDispatcher(Dispatcher):
                  vacate_grace_s: float = 1.0, max_crashes: int = 3, rejoin_after_s: float = 5.0,
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
                  crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0,
-                 run_as: Optional[RunAs] = None, orphan_s: float = 0.0, adopt_s: float = 30.0) -> None:
+                 run_as: Optional[RunAs] = None, orphan_s: float = 0.0, adopt_s: float = 30.0,
+                 start_timeout_s: float = 300.0) -> None:
         """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
         whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too.
         `run_as`: the site's launcher, before the argv of a job that runs as its owner's account.
         `orphan_s` > 0 (workers that outlive the harvester: Slurm pilots): a worker that loses its
         job's store trains on and redials it that long, and after a restart each job's workers
-        are waited for `adopt_s` to rejoin a coordinator on the same port, with the same secret."""
+        are waited for `adopt_s` to rejoin a coordinator on the same port, with the same secret.
+        A job that holds nodes and commits no step for `start_timeout_s` fails, with its reason."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -100,6 +108,8 @@ class WorkerDispatcher(Dispatcher):
         self.run_as = run_as
         self.orphan_s = orphan_s
         self.adopt_s = adopt_s
+        self.start_timeout_s = start_timeout_s
+        self.interfaces: dict[str, str] = {}   # node -> the interface that reaches the head (its check's)
         self.life = 1                 # the harvester's start number (begin_life), in every log's name
         self.alive_every_s = alive_every_s
         self.pg_timeout_s = pg_timeout_s
@@ -113,7 +123,8 @@ class WorkerDispatcher(Dispatcher):
         self._checking = False
         self._last_check = 0.0
         self.restarts = RestartJobs(transport, self.specs, self.logdir, self.launch, self._base_env,
-                                    self._pool.submit, self._post, self._restart_lost, sample_s=sample_s)
+                                    self._pool.submit, self._post, self._restart_lost, sample_s=sample_s,
+                                    start_timeout_s=start_timeout_s, interfaces=self.interfaces)
 
     # ---- what the controller asks ---------------------------------------------------------
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
@@ -187,6 +198,7 @@ class WorkerDispatcher(Dispatcher):
             return
         st = run.coord.status()
         job.samples_done = max(job.samples_done, float(st["samples_done"]))
+        job.story = story_of(st, run.coord.generations()[-HISTORY:])
         run.ended = True
         run.coord.close(wait=False)
         self.book.revoke(job.id)
@@ -227,6 +239,10 @@ class WorkerDispatcher(Dispatcher):
                 pause = rescale.get("switch_s")
                 if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
                     out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
+                if before > 0 and size != before and pause is not None:
+                    self._post(Event(now, EventKind.JOB_RESCALED, job=run.job.id, detail=(
+                        f"{'grow' if size > before else 'shrink'} {before} → {size} nodes in {pause:.2f} s"
+                        + (" (after a lost node)" if rescale.get("reason") in ("failure", "node_lost") else ""))))
             gen, nodes, step = st["generation"], st["nodes"], st["committed_step"]
             if st["regrouping"] or nodes <= 0 or st["finished"] or st["failed"]:
                 run.meter = None
@@ -277,9 +293,12 @@ class WorkerDispatcher(Dispatcher):
                     run.ended = True
                     events.append(Event(now, EventKind.JOB_DONE, job=run.job.id))
                 elif st["failed"]:
-                    run.ended = True
-                    events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id,
-                                        detail=self._why_failed(run, st["error"])))
+                    self._fail(run, failures.from_error_text(st["error"] or "the job's workers failed",
+                                                             tail=run.last_tail), now)
+                else:
+                    self._watch_progress(run, st, now)
+            events += self._events
+            self._events = []
             if not self._checking and time.monotonic() - self._last_check >= self.alive_every_s and \
                     (any(r.handles for r in self._runs.values()) or self.restarts.handles()):
                 self._checking = True
@@ -384,6 +403,7 @@ class WorkerDispatcher(Dispatcher):
         (`worker_env`), one thread per rank, and this checkout on PYTHONPATH."""
         env = {k: os.environ[k] for k in self.worker_env if k in os.environ}
         env["OMP_NUM_THREADS"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"        # a log that shows each line as it is printed
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         return env
@@ -401,7 +421,7 @@ class WorkerDispatcher(Dispatcher):
             argv = self.run_as.argv(job.run_as, env, argv)
         return self.transport.start(node, argv, env, self.workdir, log_path)
 
-    def _restart_lost(self, job_id: str, node: str, detail: str) -> None:
+    def _restart_lost(self, job_id: str, node: str, failure: Failure) -> None:
         """A restart-based job lost `node` (a rank died or it cannot be reached): the same
         accounting as a runtime job's lost node (a leave, offered again later, a crash count)."""
         run = self.restarts.runs.get(job_id)
@@ -410,13 +430,14 @@ class WorkerDispatcher(Dispatcher):
         with self._lock:
             now = time.time()
             crashes = note_loss(run.losses, now, self.crash_window_s)
-            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=detail))
+            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=failure.line(),
+                                      failure=failure.to_dict()))
             self._rejoin.append((now + self.rejoin_after_s, node))
             if crashes >= self.max_crashes and not run.ended:
                 run.ended = True
-                self._events.append(Event(now, EventKind.JOB_FAILED, job=job_id,
-                                          detail=f"{crashes} ranks lost within {self.crash_window_s:g} s; "
-                                                 f"last: {detail}"))
+                failure.message = f"{crashes} ranks lost within {self.crash_window_s:g} s; last: {failure.message}"
+                self._events.append(Event(now, EventKind.JOB_FAILED, job=job_id, node=failure.node,
+                                          detail=failure.line(), failure=failure.to_dict()))
 
     def _keys(self, nodes: Sequence[str]) -> list[str]:
         """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
@@ -440,14 +461,15 @@ class WorkerDispatcher(Dispatcher):
                 for key, env, log_path in starts:
                     started[key] = self.launch(run.job, spec, env, log_path)
             except (StartError, ValueError) as e:
-                self._post(Event(time.time(), EventKind.JOB_FAILED, job=run.job.id,
-                                 detail=f"cannot start the command on {node}: {e}"))
+                with self._lock:
+                    self._fail(run, failures.from_start_error(getattr(e, "message", str(e)), node), time.time())
                 self._stop_handles(list(started.values()), 0.5)
                 return
             except TransportError as e:
                 self._stop_handles(list(started.values()), 0.5)
                 if not self.transport.taken_back(node):    # else the source's leave covers it
-                    self._lost(run, node, f"cannot reach {node}: {e.message}")
+                    self._lost(run, node, Failure(failures.UNREACHABLE, f"cannot reach {node}: {e.message}", node,
+                                                  failures.hint_of(failures.UNREACHABLE)))
                 return
             with self._lock:
                 late = run.ended or node not in run.target
@@ -516,9 +538,12 @@ class WorkerDispatcher(Dispatcher):
                     if not any(h is handle for h in run.handles.values()):
                         continue          # retired meanwhile: not a crash
                     mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
-                tail = self._tail(handle)
-                why = "unreachable" if ok is None else "worker exited"
-                self._lost(run, node, f"{why} on {node}" + (f": {tail[-1]}" if tail else ""), tail)
+                if ok is None:
+                    failure = Failure(failures.UNREACHABLE, f"{node} did not answer a liveness check", node,
+                                      failures.hint_of(failures.UNREACHABLE))
+                else:
+                    failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
+                self._lost(run, node, failure)
                 self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
             self._take_out_silent([run for run, _, _ in watched])
         finally:
@@ -536,26 +561,84 @@ class WorkerDispatcher(Dispatcher):
                     if run.incarnation.get(key) != inc or key not in run.handles:
                         continue          # already taken out, or a newer worker there
                     mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
-                self._lost(run, node, f"no heartbeat from {node} for {run.coord.heartbeat_timeout_s:g} s "
-                                      "(hung or cut off): its workers are killed")
+                self._lost(run, node, Failure(
+                    failures.HUNG, f"no heartbeat from {node} for {run.coord.heartbeat_timeout_s:g} s: its workers "
+                    "are killed", node, failures.hint_of(failures.HUNG)))
                 self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
 
-    def _lost(self, run: _Run, node: str, detail: str, tail: Optional[list[str]] = None) -> None:
+    def _lost(self, run: _Run, node: str, failure: Failure) -> None:
+        """A node's workers are gone. Before the job's first step a set-up error (the command,
+        the folder, the script's own exception) fails it at once: every node would fail alike."""
         run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
             now = time.time()
+            run.last_tail = failure.tail or run.last_tail
+            if failure.kind in failures.SETUP and not run.stepped:
+                failure.message = f"before the job's first step: {failure.message}"
+                self._fail(run, failure, now)
+                return
             crashes = note_loss(run.losses, now, self.crash_window_s)
-            run.last_tail = tail or run.last_tail
-            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=run.job.id, detail=detail))
+            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=run.job.id, detail=failure.line(),
+                                      failure=failure.to_dict()))
             self._rejoin.append((now + self.rejoin_after_s, node))
-            if crashes >= self.max_crashes and not run.ended:
-                run.ended = True
-                self._events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id, detail=self._why_failed(
-                    run, f"{crashes} workers lost within {self.crash_window_s:g} s")))
+            if crashes >= self.max_crashes:
+                failure.message = f"{crashes} workers lost within {self.crash_window_s:g} s; last: {failure.message}"
+                self._fail(run, failure, now)
 
-    def _why_failed(self, run: _Run, error: str) -> str:
-        tail = " | ".join(run.last_tail[-10:])
-        return f"{error}" + (f"; last log lines: {tail}" if tail else "")
+    def _fail(self, run: _Run, failure: Failure, now: float) -> None:
+        """The job fails, once, with its named reason (under the lock)."""
+        if run.ended:
+            return
+        run.ended = True
+        self._events.append(Event(now, EventKind.JOB_FAILED, job=run.job.id, node=failure.node,
+                                  detail=failure.line(), failure=failure.to_dict()))
+
+    def _watch_progress(self, run: _Run, st: dict, now: float) -> None:
+        """Per poll (under the lock): a generation that failed before its first step is named
+        in the job's events at once; a job that holds nodes and commits no step for
+        `start_timeout_s` fails with its workers' last words."""
+        last = st.get("last_rescale") or {}
+        if last.get("first_step_at") is not None:
+            run.stepped = True
+        gen = int(last.get("gen") or 0)
+        errors = [s.get("error") for s in (last.get("stopped") or {}).values() if s.get("error")]
+        if last.get("failed") and last.get("first_step_at") is None and errors and gen > run.troubled_gen:
+            run.troubled_gen = gen
+            trouble = failures.from_error_text(errors[0])
+            self._events.append(Event(now, EventKind.JOB_TROUBLE, job=run.job.id, detail=(
+                f"generation {gen} failed before its first step: {trouble.line()}"), failure=trouble.to_dict()))
+        t = time.monotonic()
+        if not run.target or run.adopt_until is not None or st["committed_step"] != run.step_seen[0]:
+            run.step_seen = (st["committed_step"], t)
+        elif t - run.step_seen[1] > self.start_timeout_s and not run.stalled:
+            run.stalled = True
+            self._pool.submit(self._fail_stalled, run, gen, errors)
+
+    def _fail_stalled(self, run: _Run, gen: int, errors: list[str]) -> None:
+        """No step for `start_timeout_s`: the job fails with its last generation's error or
+        the last lines of its first node's log (read off the controller's thread)."""
+        handles = list(run.handles.values())
+        tail = self._tail(handles[0]) if handles else run.last_tail
+        what = (f"no step for {self.start_timeout_s:g} s" + (f" (generation {gen}: {errors[0]})" if errors else "")
+                + (f"; last line of {handles[0].node.name}'s log: {tail[-1]}" if handles and tail else ""))
+        failure = Failure(failures.NO_PROGRESS, what, handles[0].node.name if handles else None,
+                          failures.hint_of(failures.NO_PROGRESS), tail)
+        if errors:
+            named = failures.from_error_text(errors[0])
+            failure.hint = named.hint if named.kind != failures.OTHER else failure.hint
+        with self._lock:
+            self._fail(run, failure, time.time())
+
+    def logs(self, job_id: str, lines: int = 40) -> dict[str, list[str]]:
+        """The last `lines` of each running worker's log, rank 0's first; of a job that has
+        ended, what its failure kept."""
+        run = self._runs.get(job_id)
+        if run is not None:
+            order = {k: i for i, k in enumerate(run.coord.status().get("members") or [])}
+            keyed = sorted(run.handles.items(), key=lambda kh: (order.get(kh[0], len(order)), kh[0]))
+        else:
+            keyed = self.restarts.keyed_handles(job_id)
+        return {k: self._tail(h, lines) for k, h in keyed}
 
     def _tail(self, handle: Handle) -> list[str]:
         try:
@@ -566,3 +649,10 @@ class WorkerDispatcher(Dispatcher):
     def _post(self, event: Event) -> None:
         with self._lock:
             self._events.append(event)
+
+
+def story_of(status: dict, generations: list[dict]) -> dict:
+    """What a job's page keeps of its workers once they are gone: losses, last metrics and the
+    generations with how long each regroup took."""
+    keep = ("committed_step", "samples_done", "lost_samples", "loss", "losses", "metrics", "last_rescale")
+    return {**{k: status.get(k) for k in keep}, "generations": generations}

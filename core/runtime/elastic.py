@@ -71,7 +71,7 @@ from typing import Any, Iterator, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from . import group
+from . import group, netif
 from . import protocol as P
 from . import ranks
 from .background import CoordinatorLink, Progress
@@ -174,6 +174,9 @@ class ElasticJob:
         return int(global_batch), int(total_samples)
 
     def _connect(self, env: Mapping[str, str]) -> None:
+        host, _, port = env[P.ENV_STORE].rpartition(":")
+        if port.isdigit():
+            netif.bind_towards(host.strip("[]"), int(port))     # no GLOO_SOCKET_IFNAME to guess
         self._pg_timeout = float(env.get(P.ENV_PG_TIMEOUT, "10"))
         self._checksums = env.get(P.ENV_CHECKSUMS, "1") == "1"
         self._link = CoordinatorLink.from_env(

@@ -180,6 +180,10 @@ class Harvester:
         """What a job's real workers say of themselves; None without real workers."""
         return None
 
+    def worker_logs(self, job_id: str, lines: int) -> dict[str, list[str]]:
+        """The last `lines` of each of a job's running workers' logs, rank 0's first ({} without)."""
+        return {}
+
     # ---- commands ---------------------------------------------------------------------------
     def _live(self) -> Runner:
         runner = self.runner

@@ -100,7 +100,7 @@ class LiveHarvester(Harvester):
                    true_curve=None if self.require_command else given, given_curve=given,
                    command=tuple(spec.command or ()), global_batch=spec.global_batch or 0,
                    launcher=spec.launcher, progress_pattern=spec.progress_pattern,
-                   stop_grace_seconds=spec.stop_grace_seconds)
+                   stop_grace_seconds=spec.stop_grace_seconds, samples_per_step=spec.samples_per_step)
 
     def _runs_as(self, spec: JobSpec, staff: bool, unix: str) -> tuple[str, Optional[str]]:
         """Only real workers run commands (simulated ones only count the command's samples)."""
@@ -109,6 +109,9 @@ class LiveHarvester(Harvester):
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         return self.dispatcher.status(job_id)
+
+    def worker_logs(self, job_id: str, lines: int) -> dict[str, list[str]]:
+        return self.dispatcher.logs(job_id, lines)
 
     def worker_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         if not self.capabilities.runs_workers:

@@ -20,6 +20,7 @@ class StaticSource(LiveNodeSource):
         self._names = list(names)
         self._idle = set(names)
         self._pending: list[Event] = []
+        self._held_out: dict[str, str] = {}     # node -> why it is not used (a failed check)
         self._lock = threading.Lock()
 
     def node_names(self) -> list[str]:
@@ -37,11 +38,26 @@ class StaticSource(LiveNodeSource):
             (self._idle.add if idle else self._idle.discard)(node)
             self._pending.append(Event(now, EventKind.NODE_JOIN if idle else EventKind.NODE_LEAVE, node=node))
 
+    def hold_out(self, node: str, why: str) -> None:
+        """Never offer `node` (it failed its check, `why`) until staff release it."""
+        if node not in self._names:
+            raise KeyError(node)
+        with self._lock:
+            self._held_out[node] = why
+            self._idle.discard(node)
+
+    def node_states(self) -> dict[str, str]:
+        with self._lock:
+            return {n: f"not used: {why}" for n, why in self._held_out.items()}
+
     def reclaim(self, node: str, now: float) -> None:
         """The owner wants `node` back: the harvester must get off it at once."""
         self._change(node, False, now)
 
     def release(self, node: str, now: float) -> None:
+        """The owner gives `node` again (a node held out after a failed check: staff vouch for it)."""
+        with self._lock:
+            self._held_out.pop(node, None)
         self._change(node, True, now)
 
     def poll(self, now: float) -> list[Event]:

@@ -214,6 +214,16 @@ class Transport(ABC):
         """SIGKILL the worker's process group now (a crash, or a node that must be vacated
         within no grace at all); returns once the group is gone."""
 
+    def run(self, node: NodeSpec, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        """Run `argv` on the node and wait: (exit status, stdout, stderr), for checks of the node.
+        Raises TransportError when the node cannot be reached."""
+        raise NotImplementedError(f"the {self.name or 'this'} transport runs no checks")
+
+    def exit_status(self, handle: Handle) -> Optional[int]:
+        """How a worker that is gone ended: its exit status, or minus the signal that killed it;
+        None where the transport cannot know (a process that was not its own child)."""
+        return None
+
     @abstractmethod
     def tail(self, handle: Handle, lines: int = 20) -> list[str]:
         """The last `lines` lines of the worker's log (for the dashboard when a job fails);

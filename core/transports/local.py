@@ -21,11 +21,12 @@ from collections import deque
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
-from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport,
+from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport, TransportError,
                    check_start_args, inherited_env)
 
 _POLL_S = 0.02
 _KILL_WAIT_S = 5.0
+_EXITS_KEPT = 4096         # exit statuses remembered (of workers gone, for their failure)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -106,6 +107,7 @@ class LocalTransport(Transport):
         self._inherit = inherit_prefixes
         self._inherit_names = tuple(inherit)
         self._procs: dict[tuple[int, str], subprocess.Popen] = {}  # (pid, token) -> our child
+        self._exits: dict[tuple[int, str], int] = {}               # (pid, token) -> how it ended
         self._lock = threading.Lock()
 
     def host_of(self, node: NodeSpec) -> Optional[str]:
@@ -133,6 +135,8 @@ class LocalTransport(Transport):
               log_path: str) -> Handle:
         argv, env = list(argv), dict(env)
         check_start_args(node, argv, env, workdir, log_path)
+        if workdir and not os.path.isdir(workdir):
+            raise StartError(node.name, f"no working directory {workdir!r}")
         try:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             # the log is the harvester's (0600): a job run as another account writes it through
@@ -142,6 +146,10 @@ class LocalTransport(Transport):
                                         stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=self._preexec)
+        except FileNotFoundError as e:
+            raise StartError(node.name, f"command not found: {argv[0]!r} (in {workdir or os.getcwd()!r})") from e
+        except PermissionError as e:
+            raise StartError(node.name, f"not executable: {argv[0]!r} ({e.strerror})") from e
         except OSError as e:
             raise StartError(node.name, f"cannot start {argv[0]!r} in {workdir or '.'!r}: {e}") from e
         # read before the child can be reaped (its zombie still has a start time)
@@ -162,6 +170,9 @@ class LocalTransport(Transport):
                 return True
             with self._lock:
                 self._procs.pop((handle.pid, handle.token), None)
+                if len(self._exits) >= _EXITS_KEPT:
+                    self._exits.pop(next(iter(self._exits)))
+                self._exits[(handle.pid, handle.token)] = proc.returncode
             return False
         # a handle from another transport instance (or a controller that restarted)
         return bool(handle.token) and start_token(handle.pid) == handle.token
@@ -231,6 +242,21 @@ class LocalTransport(Transport):
                 except subprocess.TimeoutExpired:
                     pass
                 self._reap(h)
+
+    def run(self, node: NodeSpec, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        try:
+            r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                               env=self._inherited(), stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return 127, "", f"{argv[0]}: not found"
+        except subprocess.TimeoutExpired:
+            raise TransportError(node.name, f"no answer within {timeout:g} s") from None
+        return r.returncode, r.stdout, r.stderr
+
+    def exit_status(self, handle: Handle) -> Optional[int]:
+        self._reap(handle)
+        with self._lock:
+            return self._exits.get((handle.pid, handle.token))
 
     def tail(self, handle: Handle, lines: int = 20) -> list[str]:
         return tail_file(handle.log_path, lines)

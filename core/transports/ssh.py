@@ -218,6 +218,10 @@ class SshTransport(Transport):
         fields = lines[-1]
         return Handle(node, int(fields[0]), fields[1] if len(fields) > 1 else "", log_path, time.time())
 
+    def run(self, node: NodeSpec, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str, str]:
+        r = self.run_script(node, 'exec "$@"', list(argv), timeout=timeout)
+        return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+
     def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
         r = self.run_script(node, 'mkdir -p -- "$1" && chown -- "$2:" "$1" && chmod 700 -- "$1"', [path, user],
                             timeout=30.0)

@@ -1,0 +1,183 @@
+"""Why a job's worker failed, in words a user can act on: one `Failure` per failed job (kind,
+node, message, what to do, the log's last lines), read from what the transport saw (a start
+refused, an exit status) and from the end of the worker's log.
+
+Pure functions on text: the dispatcher decides what a failure does to the job (a lost node, or
+the job failed at once when it is a set-up error), this module only names it.
+"""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+#: what went wrong; `SETUP` kinds are the same on every node, so retrying elsewhere cannot help
+COMMAND_NOT_FOUND = "command_not_found"
+NOT_EXECUTABLE = "not_executable"
+WORKDIR_MISSING = "workdir_missing"
+LOG_UNWRITABLE = "log_unwritable"
+EXCEPTION = "exception"
+RENDEZVOUS = "rendezvous"
+PEER_LOST = "peer_lost"
+HUNG = "hung"
+OUT_OF_MEMORY = "out_of_memory"
+SIGNAL = "signal"
+EXIT_STATUS = "exit_status"
+EXITED_EARLY = "exited_early"
+NO_PROGRESS = "no_progress"
+UNREACHABLE = "unreachable"
+CRASHES = "crashes"
+OTHER = "other"
+SETUP = frozenset({COMMAND_NOT_FOUND, NOT_EXECUTABLE, WORKDIR_MISSING, LOG_UNWRITABLE, EXCEPTION, EXIT_STATUS})
+TAIL_KEPT = 20
+
+_HINTS = {
+    COMMAND_NOT_FOUND: "give the interpreter by an absolute path, or a relative one with --workdir "
+                       "(ssh starts in the home folder); the command must exist on every node",
+    NOT_EXECUTABLE: "the command is not executable on the node: check its mode (chmod +x) and its #! line",
+    WORKDIR_MISSING: "--workdir must name a folder that exists on every node (a shared file system)",
+    LOG_UNWRITABLE: "the worker log folder must be writable on the node",
+    EXCEPTION: "the script raised this on start; run it by hand on one node to see the whole traceback",
+    PEER_LOST: "another rank of the group died or was cut off; see that node's log",
+    HUNG: "a rank stopped answering (hung, stopped or cut off from the head)",
+    OUT_OF_MEMORY: "the rank ran out of memory: a smaller batch per rank, or fewer ranks per node",
+    NO_PROGRESS: "the job made no step within its start timeout; its log's last lines are below",
+    UNREACHABLE: "the node did not answer over ssh",
+}
+_TRACEBACK = "Traceback (most recent call last)"
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?::\s*(.*))?$")
+_ADDRESS = re.compile(r"remote=\[([^\]]+)\]:(\d+)|(?<![\d.])((?:\d{1,3}\.){3}\d{1,3}):(\d{2,5})")
+_RENDEZVOUS = re.compile(r"connectFullMesh|DistStoreError|TCPStore|Connection refused|timed out waiting for clients|"
+                         r"Socket Timeout|failed to connect|Gloo.*connect|NCCL.*(?:bootstrap|socket)", re.I)
+_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
+                   r"ProcessGroupNCCL.*(?:Watchdog|timeout)|NCCL communicator was aborted", re.I)
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill", re.I)
+_NOT_FOUND = re.compile(r"command not found|No such file or directory|can't open file", re.I)
+
+
+@dataclass
+class Failure:
+    kind: str
+    message: str
+    node: Optional[str] = None
+    hint: str = ""
+    tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Optional["Failure"]:
+        if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
+            return None
+        return cls(d["kind"], str(d.get("message") or ""), d.get("node"), str(d.get("hint") or ""),
+                   [str(x) for x in d.get("tail") or []][-TAIL_KEPT:])
+
+    def line(self) -> str:
+        """One line for events, the why-line and exceptions."""
+        where = f" on {self.node}" if self.node else ""
+        return f"{self.kind.replace('_', ' ')}{where}: {self.message}" + (f" ({self.hint})" if self.hint else "")
+
+
+def hint_of(kind: str) -> str:
+    """What a user does about a failure of this kind."""
+    return _HINTS.get(kind, "")
+
+
+def _named(kind: str, message: str, node: Optional[str], tail: Sequence[str] = (), hint: str = "") -> Failure:
+    return Failure(kind, message, node, hint or _HINTS.get(kind, ""), list(tail)[-TAIL_KEPT:])
+
+
+def from_start_error(message: str, node: Optional[str]) -> Failure:
+    """A worker the transport could not start (StartError's message)."""
+    low = message.lower()
+    if "no working directory" in low:
+        return _named(WORKDIR_MISSING, message, node)
+    if "command not found" in low or "no such file" in low:
+        return _named(COMMAND_NOT_FOUND, message, node)
+    if "permission denied" in low or "not executable" in low:
+        return _named(NOT_EXECUTABLE, message, node)
+    if "cannot write the log" in low:
+        return _named(LOG_UNWRITABLE, message, node)
+    return _named(OTHER, message, node, hint="the worker could not be started on the node")
+
+
+def rendezvous(text: str, node: Optional[str], tail: Sequence[str] = ()) -> Failure:
+    """A group that could not form: name the address that failed and what to set."""
+    m = _ADDRESS.search(text)
+    host, port = (m.group(1) or m.group(3), m.group(2) or m.group(4)) if m else (None, None)
+    if host and (host.startswith("127.") or host in ("localhost", "::1")):
+        hint = (f"a rank dialled {host}: a node's own name resolves to loopback there. Fix /etc/hosts on the "
+                f"nodes, or give the workers GLOO_SOCKET_IFNAME (the interface that reaches the other nodes) "
+                f"through --worker-env; `python -m app check --nodes FILE` finds such nodes")
+    elif host:
+        hint = (f"{host}:{port} did not answer from the node: a firewall between the nodes, or the wrong "
+                f"interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME through --worker-env)")
+    else:
+        hint = "the ranks could not connect to each other or to the job's store (--advertise, firewalls)"
+    return _named(RENDEZVOUS, _last_error(text) or text.strip()[:300], node, tail, hint)
+
+
+def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[str]) -> Failure:
+    """A worker that exited by itself: its log's last lines and, where the transport knows it,
+    its exit status (negative: the signal that killed it)."""
+    tail = [line.rstrip() for line in tail if line.strip()]
+    text = "\n".join(tail)
+    last = _last_error(text) or (tail[-1] if tail else "")
+    if _OOM.search(text):
+        return _named(OUT_OF_MEMORY, last or "out of memory", node, tail)
+    if _TRACEBACK in text:
+        if _PEER.search(last):
+            return _named(PEER_LOST, last, node, tail)
+        if _RENDEZVOUS.search(last):
+            return rendezvous(last, node, tail)
+        return _named(EXCEPTION, last, node, tail)
+    if exit_status == 127 or (exit_status is not None and exit_status > 0 and _NOT_FOUND.search(last)):
+        return _named(COMMAND_NOT_FOUND, last or f"exit status {exit_status}", node, tail)
+    if exit_status == 126:
+        return _named(NOT_EXECUTABLE, last or "exit status 126", node, tail)
+    if exit_status is not None and exit_status < 0:
+        name = _signal_name(-exit_status)
+        hint = ("SIGKILL is also what the kernel's out-of-memory killer sends: check the node's memory"
+                if -exit_status == signal.SIGKILL else "something outside the job signalled it")
+        return _named(SIGNAL, f"killed by {name}" + (f"; last line: {last}" if last else ""), node, tail, hint)
+    if exit_status is not None and exit_status > 128 and exit_status - 128 < 65:
+        return _named(SIGNAL, f"exit status {exit_status} ({_signal_name(exit_status - 128)})"
+                      + (f"; last line: {last}" if last else ""), node, tail, "something signalled the rank")
+    if exit_status:
+        return _named(EXIT_STATUS, f"exit status {exit_status}" + (f"; last line: {last}" if last else ""),
+                      node, tail, "the script stopped with an error status; its log's last lines are below")
+    if exit_status == 0:
+        return _named(EXITED_EARLY, "exited with status 0" + (f"; last line: {last}" if last else ""), node,
+                      tail, "the script ended before the job's total samples")
+    return _named(OTHER, "the worker exited" + (f"; last line: {last}" if last else ""), node, tail,
+                  "its log's last lines are below")
+
+
+def from_error_text(text: str, node: Optional[str] = None, tail: Sequence[str] = ()) -> Failure:
+    """A failure the runtime described in words (a generation that failed, the coordinator's error)."""
+    if _PEER.search(text):
+        return _named(PEER_LOST, _last_error(text) or text[:300], node, tail)
+    if _RENDEZVOUS.search(text):
+        return rendezvous(text, node, tail)
+    if _OOM.search(text):
+        return _named(OUT_OF_MEMORY, text[:300], node, tail)
+    return _named(OTHER, text[:300], node, tail)
+
+
+def _last_error(text: str) -> str:
+    """The last line that reads like an exception ("ValueError: ..."), else ''."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        m = _EXC_LINE.match(line)
+        if m:
+            return line[:500]
+    return ""
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
