@@ -184,3 +184,19 @@ def test_nodes_are_checked_before_they_are_trusted(app, netns_cluster):
     assert lines["node-dead"].split()[1] == "FAIL" and "cannot reach the node" in lines["node-dead"]
     r = check("--workdir", "/srv/no-such-folder", "--command", "python9")
     assert "no working directory '/srv/no-such-folder'" in r.stdout and "command not found: 'python9'" in r.stdout
+
+
+def test_a_script_that_raises_at_start_fails_once_with_its_exception(app):
+    """The same exception would end it on every node: one failure naming the exception's line,
+    no node counted lost, and its log's last lines through the logs endpoint."""
+    alice = app.token("alice")
+    jid = _submit(app, alice, name="raises", total_samples=6400, global_batch=64,
+                  command=[PY, "-c", "import json\nimport no_such_module_for_the_test"])
+    failure = _failed_with(app, jid, "exception", 10, alice)
+    assert failure["message"].endswith("ModuleNotFoundError: No module named 'no_such_module_for_the_test'"), failure
+    assert failure["tail"][0].startswith("Traceback") and failure["node"] in ("node1", "node2", "node3")
+    assert sum(k == "job_failed" for k, _ in _events(app, jid)) == 1
+    assert not any(k == "node_leave" for k, _ in _events(app, jid))
+    status, logs = app.get(f"/api/jobs/{jid}/logs?lines=2", token=alice)
+    assert status == 200 and list(logs["workers"].values())[0][-1] == failure["tail"][-1], logs
+    assert app.get(f"/api/jobs/{jid}/logs", token=app.token("bob"))[0] == 403

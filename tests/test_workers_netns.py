@@ -7,7 +7,9 @@ job's store listens there only."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from urllib.parse import urlparse
@@ -93,4 +95,10 @@ def test_a_job_trains_across_namespaced_hosts_through_the_advertised_address(app
     final = get()
     assert final["samples_done"] == TOTAL, final
     assert first_loss > 0
+    story = final.get("workers") or {}          # a finished job keeps its losses and generations
+    assert story.get("losses") and len(story.get("generations") or []) >= 3, story
+    with sqlite3.connect(f"file:{app.db}?mode=ro", uri=True) as db:
+        said = [d for (d,) in db.execute("SELECT detail FROM events WHERE job = ? AND kind = 'job_rescaled'", (jid,))]
+    assert any(re.fullmatch(r"shrink 3 → 2 nodes in \d+\.\d\d s", d) for d in said), said
+    assert any(re.match(r"grow \d → 3 nodes in \d+\.\d\d s", d) for d in said), said
     wait(lambda: not leftovers(jid), 20, "no worker left on any node")

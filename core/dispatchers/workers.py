@@ -66,6 +66,7 @@ class _Run:
     meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
     paused_gen: int = 0                               # last generation whose pause was reported
     troubled_gen: int = 0                             # last generation whose failure was reported
+    rescaled_gen: int = 0                             # last generation whose regroup was reported
     stepped: bool = False                             # a generation of it has made a step
     step_seen: tuple[int, float] = (-1, 0.0)          # (committed step, monotonic when it was seen)
     stalled: bool = False                             # failed for no step within `start_timeout_s`
@@ -239,10 +240,6 @@ class WorkerDispatcher(Dispatcher):
                 pause = rescale.get("switch_s")
                 if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
                     out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
-                if before > 0 and size != before and pause is not None:
-                    self._post(Event(now, EventKind.JOB_RESCALED, job=run.job.id, detail=(
-                        f"{'grow' if size > before else 'shrink'} {before} → {size} nodes in {pause:.2f} s"
-                        + (" (after a lost node)" if rescale.get("reason") in ("failure", "node_lost") else ""))))
             gen, nodes, step = st["generation"], st["nodes"], st["committed_step"]
             if st["regrouping"] or nodes <= 0 or st["finished"] or st["failed"]:
                 run.meter = None
@@ -601,6 +598,13 @@ class WorkerDispatcher(Dispatcher):
         if last.get("first_step_at") is not None:
             run.stepped = True
         gen = int(last.get("gen") or 0)
+        if gen > run.rescaled_gen and last.get("first_step_at") is not None:
+            run.rescaled_gen = gen
+            size, before, pause = len(ranks.nodes_of(last["members"])), last.get("prev_nodes") or 0, last.get("switch_s")
+            if before > 0 and size != before and pause is not None:
+                self._events.append(Event(now, EventKind.JOB_RESCALED, job=run.job.id, detail=(
+                    f"{'grow' if size > before else 'shrink'} {before} → {size} nodes in {pause:.2f} s"
+                    + (" (after a lost node)" if last.get("reason") in ("failure", "node_lost") else ""))))
         errors = [s.get("error") for s in (last.get("stopped") or {}).values() if s.get("error")]
         if last.get("failed") and last.get("first_step_at") is None and errors and gen > run.troubled_gen:
             run.troubled_gen = gen
