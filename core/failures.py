@@ -85,7 +85,7 @@ def hint_of(kind: str) -> str:
     return _HINTS.get(kind, "")
 
 
-def _named(kind: str, message: str, node: Optional[str], tail: Sequence[str] = (), hint: str = "") -> Failure:
+def named(kind: str, message: str, node: Optional[str], tail: Sequence[str] = (), hint: str = "") -> Failure:
     return Failure(kind, message, node, hint or _HINTS.get(kind, ""), list(tail)[-TAIL_KEPT:])
 
 
@@ -93,14 +93,14 @@ def from_start_error(message: str, node: Optional[str]) -> Failure:
     """A worker the transport could not start (StartError's message)."""
     low = message.lower()
     if "no working directory" in low:
-        return _named(WORKDIR_MISSING, message, node)
+        return named(WORKDIR_MISSING, message, node)
     if "command not found" in low or "no such file" in low:
-        return _named(COMMAND_NOT_FOUND, message, node)
+        return named(COMMAND_NOT_FOUND, message, node)
     if "permission denied" in low or "not executable" in low:
-        return _named(NOT_EXECUTABLE, message, node)
+        return named(NOT_EXECUTABLE, message, node)
     if "cannot write the log" in low:
-        return _named(LOG_UNWRITABLE, message, node)
-    return _named(OTHER, message, node, hint="the worker could not be started on the node")
+        return named(LOG_UNWRITABLE, message, node)
+    return named(OTHER, message, node, hint="the worker could not be started on the node")
 
 
 def rendezvous(text: str, node: Optional[str], tail: Sequence[str] = ()) -> Failure:
@@ -116,7 +116,7 @@ def rendezvous(text: str, node: Optional[str], tail: Sequence[str] = ()) -> Fail
                 f"interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME through --worker-env)")
     else:
         hint = "the ranks could not connect to each other or to the job's store (--advertise, firewalls)"
-    return _named(RENDEZVOUS, _last_error(text) or text.strip()[:300], node, tail, hint)
+    return named(RENDEZVOUS, _last_error(text) or text.strip()[:300], node, tail, hint)
 
 
 def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[str]) -> Failure:
@@ -126,44 +126,44 @@ def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[st
     text = "\n".join(tail)
     last = _last_error(text) or (tail[-1] if tail else "")
     if _OOM.search(text):
-        return _named(OUT_OF_MEMORY, last or "out of memory", node, tail)
+        return named(OUT_OF_MEMORY, last or "out of memory", node, tail)
     if _TRACEBACK in text:
         if _PEER.search(last):
-            return _named(PEER_LOST, last, node, tail)
+            return named(PEER_LOST, last, node, tail)
         if _RENDEZVOUS.search(last):
             return rendezvous(last, node, tail)
-        return _named(EXCEPTION, last, node, tail)
+        return named(EXCEPTION, last, node, tail)
     if exit_status == 127 or (exit_status is not None and exit_status > 0 and _NOT_FOUND.search(last)):
-        return _named(COMMAND_NOT_FOUND, last or f"exit status {exit_status}", node, tail)
+        return named(COMMAND_NOT_FOUND, last or f"exit status {exit_status}", node, tail)
     if exit_status == 126:
-        return _named(NOT_EXECUTABLE, last or "exit status 126", node, tail)
+        return named(NOT_EXECUTABLE, last or "exit status 126", node, tail)
     if exit_status is not None and exit_status < 0:
         name = _signal_name(-exit_status)
         hint = ("SIGKILL is also what the kernel's out-of-memory killer sends: check the node's memory"
                 if -exit_status == signal.SIGKILL else "something outside the job signalled it")
-        return _named(SIGNAL, f"killed by {name}" + (f"; last line: {last}" if last else ""), node, tail, hint)
+        return named(SIGNAL, f"killed by {name}" + (f"; last line: {last}" if last else ""), node, tail, hint)
     if exit_status is not None and exit_status > 128 and exit_status - 128 < 65:
-        return _named(SIGNAL, f"exit status {exit_status} ({_signal_name(exit_status - 128)})"
+        return named(SIGNAL, f"exit status {exit_status} ({_signal_name(exit_status - 128)})"
                       + (f"; last line: {last}" if last else ""), node, tail, "something signalled the rank")
     if exit_status:
-        return _named(EXIT_STATUS, f"exit status {exit_status}" + (f"; last line: {last}" if last else ""),
+        return named(EXIT_STATUS, f"exit status {exit_status}" + (f"; last line: {last}" if last else ""),
                       node, tail, "the script stopped with an error status; its log's last lines are below")
     if exit_status == 0:
-        return _named(EXITED_EARLY, "exited with status 0" + (f"; last line: {last}" if last else ""), node,
+        return named(EXITED_EARLY, "exited with status 0" + (f"; last line: {last}" if last else ""), node,
                       tail, "the script ended before the job's total samples")
-    return _named(OTHER, "the worker exited" + (f"; last line: {last}" if last else ""), node, tail,
+    return named(OTHER, "the worker exited" + (f"; last line: {last}" if last else ""), node, tail,
                   "its log's last lines are below")
 
 
 def from_error_text(text: str, node: Optional[str] = None, tail: Sequence[str] = ()) -> Failure:
     """A failure the runtime described in words (a generation that failed, the coordinator's error)."""
     if _PEER.search(text):
-        return _named(PEER_LOST, _last_error(text) or text[:300], node, tail)
+        return named(PEER_LOST, _last_error(text) or text[:300], node, tail)
     if _RENDEZVOUS.search(text):
         return rendezvous(text, node, tail)
     if _OOM.search(text):
-        return _named(OUT_OF_MEMORY, text[:300], node, tail)
-    return _named(OTHER, text[:300], node, tail)
+        return named(OUT_OF_MEMORY, text[:300], node, tail)
+    return named(OTHER, text[:300], node, tail)
 
 
 def _last_error(text: str) -> str:

@@ -208,12 +208,12 @@ class RestartJobs:
                 started[key] = self.launch(run.job, self.specs[ranks.node_of(key)], env, log_path)
         except (StartError, ValueError) as e:
             self.transport.stop_many(list(started.values()), 0.5)
-            self._fail(run, failures.from_start_error(getattr(e, "message", str(e)), getattr(e, "node", None)))
+            self.fail(run, failures.from_start_error(getattr(e, "message", str(e)), getattr(e, "node", None)))
             return
         except TransportError as e:
             self.transport.stop_many(list(started.values()), 0.5)
-            self.lost(run.job.id, e.node, Failure(failures.UNREACHABLE, f"cannot reach {e.node}: {e.message}", e.node,
-                                                  failures.hint_of(failures.UNREACHABLE)))
+            unreachable = failures.named(failures.UNREACHABLE, f"cannot reach {e.node}: {e.message}", e.node)
+            self.lost(run.job.id, e.node, unreachable)
             return
         gen.handles = started
         run.gen = gen
@@ -247,8 +247,7 @@ class RestartJobs:
                 continue
             node = ranks.node_of(key)
             if alive.get(handle) is None:
-                failure = Failure(failures.UNREACHABLE, f"{node} did not answer a liveness check", node,
-                                  failures.hint_of(failures.UNREACHABLE))
+                failure = failures.named(failures.UNREACHABLE, f"{node} did not answer a liveness check", node)
             else:
                 failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
             self.transport.stop_many([h for _, h in hs], 1.0)
@@ -258,10 +257,10 @@ class RestartJobs:
                     "its total samples (and print them cumulatively), or register the total it trains")
                 failure.message = (f"rank 0 exited at {run.samples:,.0f} of {run.job.total_samples:,.0f} samples"
                                    + (f"; last line: {run.last_line}" if run.last_line else ""))
-                self._fail(run, failure)
+                self.fail(run, failure)
             elif failure.kind in failures.SETUP and run.best <= 0 and gen.first_progress_at is None:
                 failure.message = f"before the job's first progress line: {failure.message}"
-                self._fail(run, failure)
+                self.fail(run, failure)
             else:
                 run.target = [n for n in run.target if n != node]
                 self.lost(run.job.id, node, failure)
@@ -277,7 +276,7 @@ class RestartJobs:
         if time.monotonic() - since <= limit:
             return
         what = "no progress line" if first else "no new progress line"
-        self._fail(run, Failure(
+        self.fail(run, Failure(
             failures.NO_PROGRESS,
             f"{what} matching {run.job.progress_pattern!r} for {limit:.0f} s"
             + (f"; rank 0's last line: {run.last_line}" if run.last_line else "; rank 0 printed nothing"),
@@ -286,7 +285,8 @@ class RestartJobs:
             "(flush its output, or run with PYTHONUNBUFFERED=1)" if first else failures.hint_of(failures.NO_PROGRESS),
             self._tail(next(iter(gen.handles.values()))) if gen.handles else []))
 
-    def _fail(self, run: _RestartRun, failure: Failure) -> None:
+    def fail(self, run: _RestartRun, failure: Failure) -> None:
+        """The job fails, once, with its named reason."""
         if run.ended:
             return
         run.ended = True

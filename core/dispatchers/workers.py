@@ -14,16 +14,16 @@ events through `poll()`:
     SIGKILL after `vacate_grace_s`;
   - a worker that dies, or a node ssh cannot reach: the node is lost with all its ranks (one
     regroup; its other ranks are stopped) (a NODE_LEAVE), offered
-    again after `rejoin_after_s`; after `max_crashes` such losses the job fails with the last
-    lines of the worker's log in the event. Not so on a node the transport says its owner took
-    back (a preempted Slurm pilot): the node source's own leave accounts for that worker.
-It also measures for the profiler: committed steps over `sample_s` of one generation are a
-throughput sample at that node count, and each regroup's pause (stop sent to first step at the
-new size) a rescale-cost sample.
+    again after `rejoin_after_s`; after `max_crashes` such losses the job fails, its failure
+    named (core/failures.py). Before the job's first step a set-up error fails it at once, and
+    a job that holds nodes without a step for `start_timeout_s` fails (health.py). Not so on a
+    node the transport says its owner took back (a preempted Slurm pilot): the node source's
+    own leave accounts for that worker.
+It also measures for the profiler (metering.py), and adopts the workers that outlived an
+earlier harvester run (adoption.py).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -37,14 +37,16 @@ from typing import Optional, Sequence
 from .. import failures
 from ..crashes import DEFAULT_CRASH_WINDOW_S, note_loss
 from ..failures import Failure
-from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job, PauseSample, RateSample
-from ..privatefiles import write_private
+from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job
 from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from ..transports.runas import RunAs
+from . import adoption
 from .base import Dispatcher
+from .health import Health, stalled_failure, story_of
+from .metering import Meter
 from .restarts import RestartJobs, checkpoint_dir
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,8 @@ class _Run:
     losses: list[float] = field(default_factory=list)   # when workers were lost (the crash budget's)
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
-    meter: Optional[tuple[int, float, int]] = None   # (generation, monotonic start, committed step)
-    paused_gen: int = 0                               # last generation whose pause was reported
-    troubled_gen: int = 0                             # last generation whose failure was reported
-    rescaled_gen: int = 0                             # last generation whose regroup was reported
-    stepped: bool = False                             # a generation of it has made a step
-    step_seen: tuple[int, float] = (-1, 0.0)          # (committed step, monotonic when it was seen)
-    stalled: bool = False                             # failed for no step within `start_timeout_s`
+    meter: Meter = field(default_factory=Meter)       # the profiler's samples from its status
+    health: Health = field(default_factory=Health)   # what its coordinator's status has said
     adopt_until: Optional[float] = None   # monotonic: after a restart, waiting for its workers to rejoin
 
 
@@ -162,7 +159,7 @@ class WorkerDispatcher(Dispatcher):
         comes back on its old port with its old secret, its workers rejoin it from memory (the
         generation they run goes on), and only the nodes none rejoins from within `adopt_s`
         get new workers. Otherwise, or when the old port cannot be had, it starts again."""
-        kept = self._load_kept(job.id) if self.orphan_s > 0 and job.launcher != LAUNCHER_TORCHRUN else None
+        kept = adoption.load_kept(self.logdir, job.id) if self.orphan_s > 0 and job.launcher != LAUNCHER_TORCHRUN else None
         if kept is None:
             return self.resize(job, nodes, now)
         with self._lock:
@@ -171,7 +168,7 @@ class WorkerDispatcher(Dispatcher):
             except (OSError, RuntimeError) as e:       # the port is taken: start it again
                 log.warning("job %s: cannot serve its store on port %s again (%s): its workers "
                             "cannot rejoin, new ones start", job.id, kept.get("port"), e)
-                self._kept(job.id).unlink(missing_ok=True)
+                adoption.kept_path(self.logdir, job.id).unlink(missing_ok=True)
                 return self.resize(job, nodes, now)
             run.target = [n for n in nodes if n in self.specs]
             run.adopt_until = time.monotonic() + self.adopt_s
@@ -203,7 +200,7 @@ class WorkerDispatcher(Dispatcher):
         run.ended = True
         run.coord.close(wait=False)
         self.book.revoke(job.id)
-        self._kept(job.id).unlink(missing_ok=True)
+        adoption.kept_path(self.logdir, job.id).unlink(missing_ok=True)
         for n in {ranks.node_of(k) for k in run.handles}:
             self._retire(run, n, self.stop_grace_s, wait_exit_s=3.0)
 
@@ -225,33 +222,13 @@ class WorkerDispatcher(Dispatcher):
 
     def samples(self, now: float) -> list:
         """Throughput over each generation's last `sample_s` of training, and the pause of each
-        regroup between two sizes, since the last call. Sizes are nodes (the unit of curves),
-        whatever the ranks per node."""
+        regroup between two sizes, since the last call (core/dispatchers/metering.py)."""
         out: list = self.restarts.samples()
         t = time.monotonic()
         with self._lock:
             runs = [r for r in self._runs.values() if not r.ended]
         for run in runs:
-            st = run.coord.status()
-            rescale = st.get("last_rescale")
-            if rescale and rescale["gen"] > run.paused_gen and rescale.get("first_step_at") is not None:
-                run.paused_gen = rescale["gen"]
-                size, before = len(ranks.nodes_of(rescale["members"])), rescale.get("prev_nodes") or 0
-                pause = rescale.get("switch_s")
-                if before > 0 and size != before and pause is not None and rescale.get("reason") != "failure":
-                    out.append(PauseSample(now, run.job.id, "up" if size > before else "down", float(pause)))
-            gen, nodes, step = st["generation"], st["nodes"], st["committed_step"]
-            if st["regrouping"] or nodes <= 0 or st["finished"] or st["failed"]:
-                run.meter = None
-                continue
-            if run.meter is None or run.meter[0] != gen:
-                run.meter = (gen, t, step)
-                continue
-            _, t0, s0 = run.meter
-            if t - t0 >= self.sample_s and step > s0:
-                rate = (step - s0) * run.job.global_batch / (t - t0)
-                out.append(RateSample(now, run.job.id, nodes, rate, t - t0))
-                run.meter = (gen, t, step)
+            out += run.meter.measure(run.job.id, run.job.global_batch, run.coord.status(), now, t, self.sample_s)
         return out
 
     takes_reports = True
@@ -311,7 +288,7 @@ class WorkerDispatcher(Dispatcher):
             self._runs.clear()
         for run in runs:
             run.coord.close(wait=False)
-            self._kept(run.job.id).unlink(missing_ok=True)   # its workers are told to exit: none rejoins
+            adoption.kept_path(self.logdir, run.job.id).unlink(missing_ok=True)   # its workers are told to exit: none rejoins
             for n in {ranks.node_of(k) for k in run.handles}:
                 self._retire(run, n, self.stop_grace_s, wait_exit_s=2.0)
         for job in [r.job for r in self.restarts.runs.values()]:
@@ -340,59 +317,29 @@ class WorkerDispatcher(Dispatcher):
                                    port=int(kept.get("port") or 0), secret=kept.get("secret"),
                                    orphan_s=self.orphan_s)
             if self.orphan_s > 0:
-                (self.logdir / job.id).mkdir(parents=True, exist_ok=True)
-                write_private(self._kept(job.id), json.dumps(
-                    {"port": coord.address[1], "secret": coord.secret, "token": coord.token}))
+                adoption.keep(self.logdir, job.id, coord.address[1], coord.secret, coord.token)
             self.book.register(job.id, coord.token)
             run = self._runs[job.id] = _Run(job, coord)
         return run
 
-    def _kept(self, job_id: str) -> Path:
-        """Where a job's coordinator identity is kept while it runs (mode 0600)."""
-        return self.logdir / job_id / "coordinator.json"
-
-    def _load_kept(self, job_id: str) -> Optional[dict]:
-        try:
-            kept = json.loads(self._kept(job_id).read_text())
-            ok = isinstance(kept, dict) and isinstance(kept.get("port"), int) and 0 < kept["port"] < 65536 \
-                and all(isinstance(kept.get(k), str) and len(kept[k]) >= 16 for k in ("secret", "token"))
-        except (OSError, ValueError):
-            return None
-        return kept if ok else None
-
     def _adopt(self, run: _Run, now: float) -> None:
-        """Take the handles of the workers that rejoined (their pilot listed them when it
-        redialed); when every node of the job is back, or `adopt_s` is up, the job goes on."""
-        for key, (inc, _pid) in run.coord.rejoined().items():
-            node = ranks.node_of(key)
-            if key in run.handles or node not in self.specs:
-                continue
-            h = self.transport.adoptable(self.specs[node], run.job.id, key, inc)
-            if h is not None:
-                run.handles[key] = h
-                run.incarnation[key] = inc
-        complete = all(k in run.handles for k in self._keys(run.target))
-        if complete or time.monotonic() >= (run.adopt_until or 0.0):
-            self._adoption_over(run, now)
-
-    def _adoption_over(self, run: _Run, now: float) -> None:
-        """The nodes whose every rank rejoined are the job's again; `resize` then starts new
-        workers where none came back and dismisses adopted ones the job no longer has."""
-        asked, run.adopt_until = run.target, None
-        nodes = {ranks.node_of(k) for k in run.handles}
-        whole = [n for n in nodes if all(k in run.handles for k in self._keys([n]))]
-        for n in nodes - set(whole):           # a part of a node's ranks: the node starts afresh
+        """When every node of the job is back, or `adopt_s` is up, the job goes on: the nodes
+        whose every rank rejoined are its again, `resize` starts new workers where none came
+        back and dismisses adopted ones the job no longer has."""
+        back = adoption.take_rejoined(run, run.job.id, run.coord.rejoined(), self.transport, self.specs, self._keys)
+        if not back and time.monotonic() < (run.adopt_until or 0.0):
+            return
+        whole, partial, want = adoption.settle(run, run.coord.status()["members"], self._keys)
+        run.adopt_until, run.target = None, whole
+        for n in partial:           # a part of a node's ranks: the node starts afresh
             self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
-        order = {k: i for i, k in enumerate(run.coord.status()["members"])}
-        run.target = sorted(whole, key=lambda n: min(order.get(k, len(order)) for k in self._keys([n])))
-        want = [n for n in run.target if n in asked] + [n for n in asked if n not in whole]   # ranks kept
         st = run.coord.status()
         if whole:
+            fresh = [n for n in want if n not in whole]
             self._events.append(Event(now, EventKind.WORKERS_ADOPTED, job=run.job.id, detail=(
                 f"{len(whole)} node(s) of workers rejoined after the restart and trained on from step "
                 f"{st['committed_step']} (generation {st['generation']}, {st['phase']})"
-                + (f"; new workers for {len(want) - len([n for n in want if n in whole])} node(s)"
-                   if any(n not in whole for n in want) else ""))))
+                + (f"; new workers for {len(fresh)} node(s)" if fresh else ""))))
         self.resize(run.job, want, now)
 
     def _base_env(self) -> dict[str, str]:
@@ -425,16 +372,8 @@ class WorkerDispatcher(Dispatcher):
         if run is None:
             return
         with self._lock:
-            now = time.time()
-            crashes = note_loss(run.losses, now, self.crash_window_s)
-            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=failure.line(),
-                                      failure=failure.to_dict()))
-            self._rejoin.append((now + self.rejoin_after_s, node))
-            if crashes >= self.max_crashes and not run.ended:
-                run.ended = True
-                failure.message = f"{crashes} ranks lost within {self.crash_window_s:g} s; last: {failure.message}"
-                self._events.append(Event(now, EventKind.JOB_FAILED, job=job_id, node=failure.node,
-                                          detail=failure.line(), failure=failure.to_dict()))
+            if self._count_loss(job_id, run.losses, node, failure):
+                self.restarts.fail(run, failure)
 
     def _keys(self, nodes: Sequence[str]) -> list[str]:
         """The worker keys of `nodes`, node after node: one rank per slot, a node's consecutive."""
@@ -465,8 +404,7 @@ class WorkerDispatcher(Dispatcher):
             except TransportError as e:
                 self._stop_handles(list(started.values()), 0.5)
                 if not self.transport.taken_back(node):    # else the source's leave covers it
-                    self._lost(run, node, Failure(failures.UNREACHABLE, f"cannot reach {node}: {e.message}", node,
-                                                  failures.hint_of(failures.UNREACHABLE)))
+                    self._lost(run, node, failures.named(failures.UNREACHABLE, f"cannot reach {node}: {e.message}", node))
                 return
             with self._lock:
                 late = run.ended or node not in run.target
@@ -536,8 +474,7 @@ class WorkerDispatcher(Dispatcher):
                         continue          # retired meanwhile: not a crash
                     mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
                 if ok is None:
-                    failure = Failure(failures.UNREACHABLE, f"{node} did not answer a liveness check", node,
-                                      failures.hint_of(failures.UNREACHABLE))
+                    failure = failures.named(failures.UNREACHABLE, f"{node} did not answer a liveness check", node)
                 else:
                     failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
                 self._lost(run, node, failure)
@@ -558,9 +495,8 @@ class WorkerDispatcher(Dispatcher):
                     if run.incarnation.get(key) != inc or key not in run.handles:
                         continue          # already taken out, or a newer worker there
                     mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
-                self._lost(run, node, Failure(
-                    failures.HUNG, f"no heartbeat from {node} for {run.coord.heartbeat_timeout_s:g} s: its workers "
-                    "are killed", node, failures.hint_of(failures.HUNG)))
+                silent = f"no heartbeat from {node} for {run.coord.heartbeat_timeout_s:g} s: its workers are killed"
+                self._lost(run, node, failures.named(failures.HUNG, silent, node))
                 self._pool.submit(self._stop_handles, mates, self.vacate_grace_s)
 
     def _lost(self, run: _Run, node: str, failure: Failure) -> None:
@@ -568,19 +504,22 @@ class WorkerDispatcher(Dispatcher):
         the folder, the script's own exception) fails it at once: every node would fail alike."""
         run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
-            now = time.time()
             run.last_tail = failure.tail or run.last_tail
-            if failure.kind in failures.SETUP and not run.stepped:
-                failure.message = f"before the job's first step: {failure.message}"
-                self._fail(run, failure, now)
-                return
-            crashes = note_loss(run.losses, now, self.crash_window_s)
-            self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=run.job.id, detail=failure.line(),
-                                      failure=failure.to_dict()))
-            self._rejoin.append((now + self.rejoin_after_s, node))
-            if crashes >= self.max_crashes:
-                failure.message = f"{crashes} workers lost within {self.crash_window_s:g} s; last: {failure.message}"
-                self._fail(run, failure, now)
+            if run.health.fails_at_once(failure) or self._count_loss(run.job.id, run.losses, node, failure):
+                self._fail(run, failure, time.time())
+
+    def _count_loss(self, job_id: str, losses: list[float], node: str, failure: Failure) -> bool:
+        """A lost node (under the lock): a leave, offered again after `rejoin_after_s`; whether
+        that makes `max_crashes` within the window (the job then fails, said in `failure`)."""
+        now = time.time()
+        crashes = note_loss(losses, now, self.crash_window_s)
+        self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=failure.line(),
+                                  failure=failure.to_dict()))
+        self._rejoin.append((now + self.rejoin_after_s, node))
+        if crashes < self.max_crashes:
+            return False
+        failure.message = f"{crashes} workers lost within {self.crash_window_s:g} s; last: {failure.message}"
+        return True
 
     def _fail(self, run: _Run, failure: Failure, now: float) -> None:
         """The job fails, once, with its named reason (under the lock)."""
@@ -591,45 +530,19 @@ class WorkerDispatcher(Dispatcher):
                                   detail=failure.line(), failure=failure.to_dict()))
 
     def _watch_progress(self, run: _Run, st: dict, now: float) -> None:
-        """Per poll (under the lock): a generation that failed before its first step is named
-        in the job's events at once; a job that holds nodes and commits no step for
-        `start_timeout_s` fails with its workers' last words."""
-        last = st.get("last_rescale") or {}
-        if last.get("first_step_at") is not None:
-            run.stepped = True
-        gen = int(last.get("gen") or 0)
-        if gen > run.rescaled_gen and last.get("first_step_at") is not None:
-            run.rescaled_gen = gen
-            size, before, pause = len(ranks.nodes_of(last["members"])), last.get("prev_nodes") or 0, last.get("switch_s")
-            if before > 0 and size != before and pause is not None:
-                self._events.append(Event(now, EventKind.JOB_RESCALED, job=run.job.id, detail=(
-                    f"{'grow' if size > before else 'shrink'} {before} → {size} nodes in {pause:.2f} s"
-                    + (" (after a lost node)" if last.get("reason") in ("failure", "node_lost") else ""))))
-        errors = [s.get("error") for s in (last.get("stopped") or {}).values() if s.get("error")]
-        if last.get("failed") and last.get("first_step_at") is None and errors and gen > run.troubled_gen:
-            run.troubled_gen = gen
-            trouble = failures.from_error_text(errors[0])
-            self._events.append(Event(now, EventKind.JOB_TROUBLE, job=run.job.id, detail=(
-                f"generation {gen} failed before its first step: {trouble.line()}"), failure=trouble.to_dict()))
-        t = time.monotonic()
-        if not run.target or run.adopt_until is not None or st["committed_step"] != run.step_seen[0]:
-            run.step_seen = (st["committed_step"], t)
-        elif t - run.step_seen[1] > self.start_timeout_s and not run.stalled:
-            run.stalled = True
-            self._pool.submit(self._fail_stalled, run, gen, errors)
+        """Per poll (under the lock): what the job's health says goes to its events; a job that
+        holds nodes and commits no step for `start_timeout_s` fails with its workers' last words."""
+        events, stalled = run.health.observe(run.job.id, st, bool(run.target) and run.adopt_until is None, now,
+                                             time.monotonic(), self.start_timeout_s)
+        self._events += events
+        if stalled is not None:
+            self._pool.submit(self._fail_stalled, run, *stalled)
 
     def _fail_stalled(self, run: _Run, gen: int, errors: list[str]) -> None:
-        """No step for `start_timeout_s`: the job fails with its last generation's error or
-        the last lines of its first node's log (read off the controller's thread)."""
+        """Read off the controller's thread: the first node's log, for the stalled job's failure."""
         handles = list(run.handles.values())
         tail = self._tail(handles[0]) if handles else run.last_tail
-        what = (f"no step for {self.start_timeout_s:g} s" + (f" (generation {gen}: {errors[0]})" if errors else "")
-                + (f"; last line of {handles[0].node.name}'s log: {tail[-1]}" if handles and tail else ""))
-        failure = Failure(failures.NO_PROGRESS, what, handles[0].node.name if handles else None,
-                          failures.hint_of(failures.NO_PROGRESS), tail)
-        if errors:
-            named = failures.from_error_text(errors[0])
-            failure.hint = named.hint if named.kind != failures.OTHER else failure.hint
+        failure = stalled_failure(self.start_timeout_s, gen, errors, handles[0].node.name if handles else None, tail)
         with self._lock:
             self._fail(run, failure, time.time())
 
@@ -644,9 +557,9 @@ class WorkerDispatcher(Dispatcher):
             keyed = self.restarts.keyed_handles(job_id)
         return {k: self._tail(h, lines) for k, h in keyed}
 
-    def _tail(self, handle: Handle) -> list[str]:
+    def _tail(self, handle: Handle, lines: int = 20) -> list[str]:
         try:
-            return self.transport.tail(handle, 20)
+            return self.transport.tail(handle, lines)
         except (TransportError, OSError):
             return []
 
@@ -654,9 +567,3 @@ class WorkerDispatcher(Dispatcher):
         with self._lock:
             self._events.append(event)
 
-
-def story_of(status: dict, generations: list[dict]) -> dict:
-    """What a job's page keeps of its workers once they are gone: losses, last metrics and the
-    generations with how long each regroup took."""
-    keep = ("committed_step", "samples_done", "lost_samples", "loss", "losses", "metrics", "last_rescale")
-    return {**{k: status.get(k) for k in keep}, "generations": generations}
