@@ -81,6 +81,7 @@ class Failure(TypedDict):
     message: str
     hint: str                      # what to do about it ("" when there is no advice)
     tail: list[str]                # the last lines of that worker's log
+    address: str                   # rendezvous: the host:port that could not be reached ("" otherwise)
 
 
 class Logs(TypedDict):

@@ -63,6 +63,7 @@ class Failure:
     node: Optional[str] = None
     hint: str = ""
     tail: list[str] = field(default_factory=list)
+    address: str = ""                 # rendezvous: the host:port that could not be reached
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +73,7 @@ class Failure:
         if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
             return None
         return cls(d["kind"], str(d.get("message") or ""), d.get("node"), str(d.get("hint") or ""),
-                   [str(x) for x in d.get("tail") or []][-TAIL_KEPT:])
+                   [str(x) for x in d.get("tail") or []][-TAIL_KEPT:], str(d.get("address") or ""))
 
     def line(self) -> str:
         """One line for events, the why-line and exceptions."""
@@ -116,7 +117,9 @@ def rendezvous(text: str, node: Optional[str], tail: Sequence[str] = ()) -> Fail
                 f"interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME through --worker-env)")
     else:
         hint = "the ranks could not connect to each other or to the job's store (--advertise, firewalls)"
-    return named(RENDEZVOUS, _last_error(text) or text.strip()[:300], node, tail, hint)
+    failure = named(RENDEZVOUS, _last_error(text) or text.strip()[:300], node, tail, hint)
+    failure.address = f"{host}:{port}" if host else ""
+    return failure
 
 
 def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[str]) -> Failure:
@@ -153,6 +156,13 @@ def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[st
                       tail, "the script ended before the job's total samples")
     return named(OTHER, "the worker exited" + (f"; last line: {last}" if last else ""), node, tail,
                   "its log's last lines are below")
+
+
+def loopback_rendezvous(failure: Failure) -> bool:
+    """A group that failed to form because a rank advertised a loopback address: a set-up error
+    (the node's name resolves to loopback, or gloo was told to use `lo`), not bad luck."""
+    host = failure.address.rpartition(":")[0]
+    return failure.kind == RENDEZVOUS and (host.startswith("127.") or host in ("localhost", "::1"))
 
 
 def from_error_text(text: str, node: Optional[str] = None, tail: Sequence[str] = ()) -> Failure:

@@ -36,8 +36,9 @@ def test_a_rendezvous_to_loopback_names_the_address_and_what_to_set():
     f = F.from_exit(GLOO_LOOPBACK, 1, "h1")
     assert f.kind == F.RENDEZVOUS
     assert "127.0.0.1" in f.hint and "GLOO_SOCKET_IFNAME" in f.hint and "/etc/hosts" in f.hint
+    assert f.address == "127.0.0.1:27546" and F.loopback_rendezvous(f)      # no retry can mend it
     g = F.from_error_text("RuntimeError: Connection refused: 10.1.2.3:29500")
-    assert g.kind == F.RENDEZVOUS and "10.1.2.3:29500" in g.hint
+    assert g.kind == F.RENDEZVOUS and "10.1.2.3:29500" in g.hint and not F.loopback_rendezvous(g)
 
 
 def test_peers_memory_signals_and_statuses():

@@ -224,3 +224,27 @@ def test_the_readme_torchrun_template_trains_through_a_restart(app):
     assert get()["samples_done"] == 64_000
     logs = list((app.db.parent / (app.db.name + ".workers") / jid).glob("*.log"))
     assert len(logs) >= 3 and not any("Traceback" in p.read_text() for p in logs), [p.name for p in logs]
+
+
+def test_a_rendezvous_that_cannot_form_is_named_with_the_address_and_what_to_set(tmp_path, netns_cluster):
+    """The site forces gloo onto each node's loopback (GLOO_SOCKET_IFNAME=lo through
+    --worker-env): the ranks advertise 127.0.0.1 and cannot connect. The first failed generation
+    is named in the job's events within 30 s, with the address and what to set, and the job
+    fails with that reason at once: every retry would advertise the same loopback address."""
+    inventory = netns_cluster.write_inventory(tmp_path / "nodes.txt")
+    app = start_app(tmp_path, "--fresh", "--dispatch", "ssh", "--nodes", str(inventory),
+                    "--ssh-config", str(netns_cluster.ssh_config), "--advertise", netns_cluster.head,
+                    "--tick", "0.1", "--no-profiler", "--worker-env", "GLOO_SOCKET_IFNAME",
+                    env={"GLOO_SOCKET_IFNAME": "lo"})
+    try:
+        alice = app.token("alice")
+        jid = _submit(app, alice, name="no rendezvous", min_nodes=2, max_nodes=2, curve="2:200",
+                      total_samples=64 * 1000, global_batch=64,
+                      command=[PY, str(ROOT / "examples" / "digits_cnn.py")])
+        trouble = lambda: [d for k, d in _events(app, jid) if k == "job_trouble"]
+        said = wait(trouble, 30, "the failed generation named in the events", lambda: _events(app, jid))
+        assert "rendezvous" in said[0] and "127.0.0.1" in said[0] and "GLOO_SOCKET_IFNAME" in said[0], said
+        failure = _failed_with(app, jid, "rendezvous", 10, alice)
+        assert "127.0.0.1" in failure["hint"] and failure["address"].startswith("127.0.0.1:"), failure
+    finally:
+        app.stop()

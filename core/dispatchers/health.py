@@ -23,10 +23,12 @@ class Health:
     stepped: bool = False                     # a generation of the job has made a step
     step_seen: tuple[int, float] = (-1, 0.0)  # (committed step, monotonic time it was first seen)
     stalled: bool = False                     # said once: no step for the start timeout
+    fatal: Optional[Failure] = None           # a failure no retry can mend: the job fails with it
 
     def observe(self, job_id: str, st: dict, holding: bool, now: float, t: float,
                 start_timeout_s: float) -> tuple[list[Event], Optional[tuple[int, list[str]]]]:
-        """Events to log from this status, and (generation, its errors) the first time the job
+        """Events to log from this status (and `fatal` set when one fails the job), and
+        (generation, its errors) the first time the job
         has held nodes without a new step for `start_timeout_s` (`holding`: it has nodes and is
         not waiting for adopted workers; `t`: monotonic now)."""
         out: list[Event] = []
@@ -40,9 +42,12 @@ class Health:
         errors = [s.get("error") for s in (last.get("stopped") or {}).values() if s.get("error")]
         if last.get("failed") and last.get("first_step_at") is None and errors and gen > self.troubled_gen:
             self.troubled_gen = gen
-            trouble = failures.from_error_text(errors[0])
+            trouble = failures.from_error_text(" | ".join(errors))
             out.append(Event(now, EventKind.JOB_TROUBLE, job=job_id, failure=trouble.to_dict(),
                              detail=f"generation {gen} failed before its first step: {trouble.line()}"))
+            if failures.loopback_rendezvous(trouble) and not self.stepped:
+                trouble.message = f"before the job's first step: {trouble.message}"
+                self.fatal = trouble          # every retry would advertise the same loopback address
         if not holding or st["committed_step"] != self.step_seen[0]:
             self.step_seen = (st["committed_step"], t)
         elif t - self.step_seen[1] > start_timeout_s and not self.stalled:

@@ -535,7 +535,9 @@ class WorkerDispatcher(Dispatcher):
         events, stalled = run.health.observe(run.job.id, st, bool(run.target) and run.adopt_until is None, now,
                                              time.monotonic(), self.start_timeout_s)
         self._events += events
-        if stalled is not None:
+        if run.health.fatal is not None:
+            self._fail(run, run.health.fatal, now)
+        elif stalled is not None:
             self._pool.submit(self._fail_stalled, run, *stalled)
 
     def _fail_stalled(self, run: _Run, gen: int, errors: list[str]) -> None:
