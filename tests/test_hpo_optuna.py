@@ -3,8 +3,8 @@ real elastic digits job on a live harvester of four local nodes, submitted throu
 The study runs to its end; a trial the pruner stops has its job cancelled on the server, every
 other trial's job is done; the jobs carry the study's name; no worker process is left.
 
-The search space reaches learning rates far above what the digits model survives (it goes NaN
-within a few steps above ~10), so that some trials diverge and the divergence rule prunes them
+The search space reaches learning rates far above what the digits model survives (above ~10 its loss
+climbs to hundreds within a few steps, clipped gradients or not), so that some trials diverge and the divergence rule prunes them
 whatever the timing; seed 5 draws such rates (the test checks that it still does, so that a
 changed sampler fails with that reason rather than with "nothing pruned")."""
 from __future__ import annotations
