@@ -7,9 +7,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .dispatchers.base import Dispatcher
 from .dispatchers.simulated import SimulatedDispatcher
@@ -56,8 +57,6 @@ def _build(settings: HarvesterSettings) -> Harvester:
     try:
         dispatcher = dispatcher_for(live, nodes, settings.db, hub)
         check_addresses(live, {n.name: source.address_of(n.name) or dispatcher.host_of(n.name) for n in nodes})
-        if live.dispatcher == "ssh" and isinstance(source, StaticSource) and isinstance(dispatcher, WorkerDispatcher):
-            trust_checked(source, dispatcher, live, nodes)
     except BaseException:
         if dispatcher is not None:
             dispatcher.close()
@@ -68,7 +67,15 @@ def _build(settings: HarvesterSettings) -> Harvester:
                          fresh=settings.fresh, require_command=live.real_workers, jpa=live.jpa,
                          slots={n.name: n.slots for n in nodes}, lock=lock,
                          maps_users=isinstance(dispatcher, WorkerDispatcher) and dispatcher.run_as is not None,
-                         trust_user_commands=live.trust_user_commands)
+                         trust_user_commands=live.trust_user_commands, preflight=preflight_for(live, source, dispatcher, nodes))
+
+
+def preflight_for(live: LiveSettings, source: LiveNodeSource, dispatcher: Dispatcher,
+                  nodes: Sequence[NodeSpec]) -> Optional[Callable[[], object]]:
+    """What the harvester does at its start before it offers a node: ssh nodes are checked."""
+    if live.dispatcher == "ssh" and isinstance(source, StaticSource) and isinstance(dispatcher, WorkerDispatcher):
+        return partial(trust_checked, source, dispatcher, live, nodes)
+    return None
 
 
 def trust_checked(source: StaticSource, dispatcher: WorkerDispatcher, live: LiveSettings,

@@ -9,6 +9,7 @@ ranks bind (GLOO_SOCKET_IFNAME), so no user has to set it. `python -m app check`
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from typing import Optional, Sequence
 
 from .transports.base import NodeSpec, Transport, TransportError
 
+log = logging.getLogger(__name__)
 MARK = "HVCHECK "
 #: runs on the node with its python3 (standard library only): argv = workdir, interpreter, head, port
 PROBE = r'''
@@ -83,11 +85,16 @@ def check_nodes(transport: Transport, nodes: Sequence[NodeSpec], workdir: str = 
     is opened on `listen` (where the harvester binds) for the length of the check."""
     server = None
     port = 0
+    stop = threading.Event()
     if head:
-        server = socket.create_server((listen or head, 0))
-        port = server.getsockname()[1]
-        stop = threading.Event()
-        threading.Thread(target=_accept, args=(server, stop), daemon=True, name="nodecheck").start()
+        try:
+            server = socket.create_server((listen or head, 0))
+        except OSError as e:        # not an address of this host (a NAT in front): no way back to test
+            log.warning("cannot listen on %s to check the nodes' way back (%s): not checked", listen or head, e)
+            head = ""
+        else:
+            port = server.getsockname()[1]
+            threading.Thread(target=_accept, args=(server, stop), daemon=True, name="nodecheck").start()
     try:
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
             done = pool.map(lambda n: _check(transport, n, workdir, interpreter, head, port, timeout_s), nodes)

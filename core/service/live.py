@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from ..admission import runs_as
 from ..clock import WallClock
@@ -32,10 +32,11 @@ class LiveHarvester(Harvester):
                  fresh: bool = False, require_command: bool = False,
                  jpa: Optional[JPAConfig] = None, slots: Optional[Mapping[str, int]] = None,
                  lock: Optional[StoreLock] = None, maps_users: bool = False,
-                 trust_user_commands: bool = False) -> None:
+                 trust_user_commands: bool = False, preflight: Optional[Callable[[], object]] = None) -> None:
         """`slots`: ranks (GPUs) per node from the node list (missing: 1), for the pages, the API
         and /metrics. `maps_users`: the dispatcher runs a job as its owner's Unix account (a site
-        launcher); `trust_user_commands`: any login's command may run as the harvester itself."""
+        launcher); `trust_user_commands`: any login's command may run as the harvester itself.
+        `preflight`: run at `open()`, before the first idle nodes are read (the nodes' checks)."""
         super().__init__(db, tick_s, fresh, lock)
         self.source = source
         self.dispatcher = dispatcher
@@ -43,6 +44,7 @@ class LiveHarvester(Harvester):
         self.require_command = require_command
         self.maps_users = maps_users
         self.trust_user_commands = trust_user_commands
+        self.preflight = preflight
         self.jpa = jpa                  # the profiler's settings; None: curves are taken as given
         self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
@@ -54,6 +56,8 @@ class LiveHarvester(Harvester):
         if fresh or (not store.is_empty() and store.meta("live") is None):
             store.reset()
         clock = WallClock()
+        if self.preflight is not None:
+            self.preflight()
         names = self.source.node_names()
         idle = self.source.initial_idle()
         advisor = JPA(self.jpa) if self.jpa is not None else None
