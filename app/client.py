@@ -56,21 +56,27 @@ class JobFields(TypedDict, total=False):
     progress_pattern: str
     #: torchrun jobs: SIGTERM to SIGKILL at a restart, for the script to checkpoint
     stop_grace_seconds: float
+    #: torchrun jobs: > 0 when the progress pattern counts steps of this many samples
+    samples_per_step: float
 
 
 class Workers(TypedDict, total=False):
-    """The running workers of a live job, as `GET /api/jobs/<id>` reports them."""
+    """The workers of a live job, as `GET /api/jobs/<id>` reports them; once the job has ended,
+    what it kept of them (losses, generations, last metrics)."""
 
     generation: int
     world_size: int
-    nodes: list[str]
+    nodes: int
     members: list[str]
     regrouping: bool
     committed_step: int
     loss: Optional[float]          # rank 0's last loss (NaN once a run diverges)
+    losses: list[list[float]]      # [step, loss] as rank 0 reported them
+    metrics: dict[str, float]
     lost: list[str]
     last_rescale: Optional[dict[str, Any]]
-    generations: int
+    generations: list[dict[str, Any]]   # the last 10: members, when each synced, stepped and ended
+    last_output: Optional[str]     # torchrun jobs: rank 0's last line of output
 
 
 class Failure(TypedDict):
@@ -121,6 +127,7 @@ class Job(TypedDict):
     launcher: NotRequired[str]
     progress_pattern: NotRequired[str]
     stop_grace_seconds: NotRequired[float]
+    samples_per_step: NotRequired[float]
     workers: NotRequired[Workers]
     profile: NotRequired[Optional[dict[str, Any]]]
     why: NotRequired[str]

@@ -38,7 +38,8 @@ FIELDS: tuple[tuple[str, str, type], ...] = (
     ("--total-samples", "total_samples", float), ("--curve", "curve", str),
     ("--scale-up-seconds", "scale_up_seconds", float), ("--scale-down-seconds", "scale_down_seconds", float),
     ("--priority", "priority", float), ("--global-batch", "global_batch", int), ("--launcher", "launcher", str),
-    ("--progress-pattern", "progress_pattern", str), ("--stop-grace-seconds", "stop_grace_seconds", float))
+    ("--progress-pattern", "progress_pattern", str), ("--stop-grace-seconds", "stop_grace_seconds", float),
+    ("--samples-per-step", "samples_per_step", float))
 FIELD_HELP = {
     "name": "the job's name (1 to 100 printable characters)",
     "curve": 'throughput per node count, "nodes:samples/s, ...", e.g. "1:1200, 8:9000" (optional on real '
@@ -47,6 +48,7 @@ FIELD_HELP = {
     "launcher": "runtime (the script uses the elastic runtime, the default) or torchrun (an unmodified script)",
     "progress_pattern": "torchrun jobs: the regex that finds progress in rank 0's output",
     "stop_grace_seconds": "torchrun jobs: seconds from SIGTERM to SIGKILL at a restart",
+    "samples_per_step": "torchrun jobs: the progress pattern counts steps of this many samples (0: samples)",
 }
 
 

@@ -128,23 +128,22 @@ def test_a_torchrun_job_whose_rank_0_exits_early_holds_no_node(app):
     wait(lambda: not leftovers(jid), 10, "every rank of the job gone", lambda: leftovers(jid))
 
 
-def test_a_buffered_script_shows_its_progress_and_finishes(app):
-    """print() without flush: its lines reach the log as printed (PYTHONUNBUFFERED) and the job
-    finishes with exactly its total."""
+def test_a_buffered_script_shows_its_progress_in_steps_and_finishes(app):
+    """print() without flush: its lines reach the log as printed (PYTHONUNBUFFERED); it counts
+    steps, not samples (`samples_per_step`), and the job finishes with exactly its total."""
     alice = app.token("alice")
     script = _torchrun_script(app, "buffered.py", (
-        "done = int(open(os.environ['HARVEST_CHECKPOINT_DIR'] + '/s').read()) if os.path.exists("
-        "os.environ['HARVEST_CHECKPOINT_DIR'] + '/s') else 0\n"
-        "while done < 64 * 40:\n"
-        "    done += 64\n"
+        "for step in range(1, 41):\n"
         "    if rank == 0:\n"
-        "        print(f'step samples={done}')\n"
+        "        print(f'step {step} of 40')\n"
         "    time.sleep(0.25)\n"))
     jid = _submit(app, alice, name="buffered", launcher="torchrun", min_nodes=1, max_nodes=1, curve="1:100",
-                  total_samples=64 * 40, command=[PY, script])
+                  total_samples=64 * 40, progress_pattern=r"step (\d+) of", samples_per_step=64,
+                  command=[PY, script])
     get = lambda: app.get(f"/api/jobs/{jid}")[1]
-    wait(lambda: 0 < get()["samples_done"] < 64 * 40, 20, "progress before the end", get)
-    assert (get().get("workers") or {}).get("last_output", "").startswith("step samples="), get()
+    job = wait(lambda: (lambda j: 0 < j["samples_done"] < 64 * 40 and j)(get()), 20, "progress before the end", get)
+    assert job["samples_done"] % 64 == 0 and job["samples_per_step"] == 64, job
+    assert (job.get("workers") or {}).get("last_output", "").startswith("step "), job
     wait(lambda: get()["state"] == "done", 30, "done", get)
     assert get()["samples_done"] == 64 * 40
 

@@ -112,3 +112,26 @@ def test_a_horizon_state_from_another_grid_is_refused():
     fresh = HorizonLearner()
     fresh.load(state)
     assert fresh.state() == state
+
+
+def test_a_failed_job_keeps_its_failure_and_story_across_a_restore(tmp_path):
+    """A JOB_FAILED event's named failure becomes the job's, with whatever the dispatcher kept
+    of its workers (`story`), in the store, and both come back in a restored controller."""
+    db = tmp_path / "run.db"
+    store = Store(db)
+    nodes = ["n1", "n2"]
+    ctl, clock = controller(nodes, ControllerConfig(max_jobs=2, tfwd=1000), store)
+    ctl.submit(job("A", submit=T0, total=1e7))
+    ctl.step()
+    failure = {"kind": "exception", "node": "n1", "message": "ValueError: bad", "hint": "fix it",
+               "tail": ["Traceback (most recent call last):", "ValueError: bad"], "address": ""}
+    ctl.jobs["A"].story = {"losses": [[1, 2.3], [2, 2.1]], "generations": [{"gen": 1}]}
+    clock.advance_to(T0 + 10)
+    ctl.step([Event(T0 + 10, EventKind.JOB_FAILED, job="A", node="n1", detail="exception", failure=failure)])
+    ctl.step([Event(T0 + 11, EventKind.JOB_FAILED, job="A", detail="a second word on it")])   # the first stays
+    ctl.flush()
+    store.close()
+    ctl2 = restore(Store(db), SimulatedDispatcher(), SimClock(T0 + 20), node_names=nodes)
+    a = ctl2.jobs["A"]
+    assert a.state.value == "failed" and a.failure == failure
+    assert a.story == {"losses": [[1, 2.3], [2, 2.1]], "generations": [{"gen": 1}]}
