@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import signal
 import sqlite3
 import sys
@@ -231,12 +232,26 @@ def web_config(args) -> WebConfig:
                      connection_limit=args.connection_limit, channel_timeout_s=args.channel_timeout)
 
 
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors up to the hard one: the jobs' stores and the web
+    clients share this process's descriptors. Returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check"]:
         from .check import main as check
         return check(argv[1:])
     args = build_parser().parse_args(argv)
+    raise_descriptor_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:

@@ -18,8 +18,10 @@ class WebConfig:
 
     def waitress(self) -> dict:
         """waitress.serve's keyword arguments. A body over the limit is refused (413) from its
-        Content-Length, before any of it is read or spooled to disk."""
-        return {"threads": self.threads, "connection_limit": self.connection_limit,
+        Content-Length, before any of it is read or spooled to disk. poll(), not select(): the
+        process's descriptors pass 1023 when a job's store is flooded, and select() then fails
+        on every new connection, which ends the server."""
+        return {"threads": self.threads, "connection_limit": self.connection_limit, "asyncore_use_poll": True,
                 "channel_timeout": self.channel_timeout_s,
                 "max_request_body_size": self.max_body_bytes + 1,      # waitress refuses from its limit on
                 "max_request_header_size": 64 * 1024, "cleanup_interval": min(30, self.channel_timeout_s)}
