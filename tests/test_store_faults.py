@@ -212,6 +212,28 @@ def test_the_store_lock_refuses_a_second_holder_until_released(tmp_path):
     assert not second.path.exists()
 
 
+def test_the_store_lock_sees_the_store_through_a_symlink_and_a_hard_link(tmp_path):
+    """Issue 47, row 4: a second harvester on the same store under another name (a symlink to
+    it, a symlinked folder, a hard link) is refused as under the same name."""
+    db = tmp_path / "run.db"
+    db.write_bytes(b"")
+    (tmp_path / "link.db").symlink_to(db)
+    (tmp_path / "dir-link").symlink_to(tmp_path)
+    os.link(db, tmp_path / "hard.db")
+    first = StoreLock(db)
+    first.acquire()
+    others = [tmp_path / "link.db", tmp_path / "dir-link" / "run.db", tmp_path / "hard.db"]
+    for other in others:
+        with pytest.raises(StoreError, match=f"in use by another harvester \\(pid {os.getpid()}\\)"):
+            StoreLock(other).acquire()
+    first.release()
+    for other in others:
+        lock = StoreLock(other)
+        lock.acquire()
+        lock.release()
+    assert not list(tmp_path.glob("*.lock"))
+
+
 def test_a_second_process_on_the_same_store_is_refused_and_fresh_wipes_nothing(tmp_path):
     users = write_users(tmp_path / "users.json")
     app = start_app(tmp_path, "--dispatch", "simulated", "--local-nodes", "4", "--tick", "0.1", users=users)
