@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 import threading
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -217,6 +218,30 @@ def keep_private(db: str) -> None:
             os.chmod(path, 0o600)
         except OSError:
             pass
+
+
+def refuse_foreign(path: str | Path, fresh: bool) -> None:
+    """Before a harvester opens `path`: StoreError when the file is there but is no harvester's
+    store. An empty file (truncated) would otherwise start a new run in silence, with every job
+    of the old one gone; another program's SQLite file would get our tables."""
+    p = Path(path)
+    if str(path) == ":memory:" or not p.is_file():
+        return
+    wal = Path(f"{p}-wal")
+    if p.stat().st_size == 0 and not (wal.is_file() and wal.stat().st_size > 0):
+        if not fresh:
+            raise StoreError(str(p), "is empty (0 bytes), not a harvester's store: restore it from a backup, "
+                                     "or give --fresh to start a new run in it")
+        return
+    try:
+        with closing(sqlite3.connect(f"file:{p}?mode=ro", uri=True)) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return              # damage: the store's own check says what it is
+    if tables and "meta" not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StoreError(str(p), f"is an SQLite file of another program (tables {shown}), not a harvester's "
+                                 "store: give another --db")
 
 
 class Store:

@@ -212,6 +212,28 @@ def test_the_store_lock_refuses_a_second_holder_until_released(tmp_path):
     assert not second.path.exists()
 
 
+def test_an_empty_file_or_another_programs_database_is_refused_in_one_line(tmp_path):
+    """Issue 47, rows 7: a store truncated to 0 bytes no longer starts a new run in silence, and
+    an SQLite file of another program is never given our tables (not even with --fresh)."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    r = run_app("--db", str(empty), "--dispatch", "simulated", "--local-nodes", "2")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == (f"error: {empty}: is empty (0 bytes), not a harvester's store: restore it from a backup, "
+                        "or give --fresh to start a new run in it"), lines
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    for extra in ((), ("--fresh",)):
+        r = run_app("--db", str(other), "--dispatch", "simulated", "--local-nodes", "2", *extra)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert "is an SQLite file of another program (tables invoices)" in lines[0] and "another --db" in lines[0]
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["invoices"]
+
+
 def test_the_store_lock_sees_the_store_through_a_symlink_and_a_hard_link(tmp_path):
     """Issue 47, row 4: a second harvester on the same store under another name (a symlink to
     it, a symlinked folder, a hard link) is refused as under the same name."""

@@ -17,7 +17,7 @@ from ..model import Job
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
-from ..store import Store
+from ..store import Store, refuse_foreign
 from ..storelock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class Harvester:
         with self._lock:
             self.store_lock.acquire()
             try:
+                refuse_foreign(self.db, self.fresh)
                 self._open(self.fresh)
             except BaseException:
                 self.store_lock.release()
