@@ -327,10 +327,24 @@ class Store:
 
     def meta(self, key: str, default: Any = None) -> Any:
         rows = list(self.db["meta"].rows_where("key = ?", [key]))
-        return json.loads(rows[0]["value"]) if rows else default
+        try:
+            return json.loads(rows[0]["value"]) if rows else default
+        except ValueError as e:
+            raise self._damaged("meta", f"key {key!r}", e) from None
 
     def jobs(self, where: Optional[str] = None, args: Iterable = ()) -> list[tuple[Job, list[str]]]:
-        return [job_from_row(r) for r in self.db["jobs"].rows_where(where, list(args), order_by="rowid")]
+        out = []
+        for r in self.db["jobs"].rows_where(where, list(args), order_by="rowid"):
+            try:
+                out.append(job_from_row(r))
+            except (ValueError, TypeError, KeyError) as e:
+                raise self._damaged("jobs", f"job {r.get('id')!r}", e) from None
+        return out
+
+    def _damaged(self, table: str, row: str, e: Exception) -> StoreError:
+        """A record that no longer reads (a byte changed on disk): the file, the table, the row."""
+        return StoreError(self.path, f"damaged record in table {table}, {row} ({type(e).__name__}: {e}): restore the "
+                                     "store from a backup, or give --fresh to start a new run")
 
     def idle_nodes(self) -> dict[str, float]:
         """Idle node -> when its idle fragment began (`since` in stores written before idle_since)."""

@@ -234,6 +234,26 @@ def test_an_empty_file_or_another_programs_database_is_refused_in_one_line(tmp_p
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["invoices"]
 
 
+def test_a_damaged_json_record_names_the_file_the_table_and_the_remedy(tmp_path):
+    """Issue 47, row 8: one byte changed in a stored job's curve (valid SQLite, broken JSON)."""
+    users = write_users(tmp_path / "users.json")
+    app = start_app(tmp_path, "--dispatch", "simulated", "--local-nodes", "2", "--tick", "0.1", users=users)
+    try:
+        status, body = app.request("POST", "/api/jobs", {"name": "kept", "min_nodes": 1, "max_nodes": 2,
+                                                         "total_samples": 1e9, "curve": "1:10, 2:19"},
+                                   token=app.token("alice"))
+        assert status == 201, body
+    finally:
+        app.stop()
+    with sqlite3.connect(app.db) as conn:
+        conn.execute("UPDATE jobs SET curve = replace(curve, ',', ';') WHERE id = ?", (body["id"],))
+    r = run_app("--db", str(app.db), "--users", str(users), "--dispatch", "simulated", "--local-nodes", "2")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {app.db}: damaged record in table jobs, job {body['id']!r} (JSONDecodeError: "), lines
+    assert lines[0].endswith("restore the store from a backup, or give --fresh to start a new run"), lines
+
+
 def test_the_store_lock_sees_the_store_through_a_symlink_and_a_hard_link(tmp_path):
     """Issue 47, row 4: a second harvester on the same store under another name (a symlink to
     it, a symlinked folder, a hard link) is refused as under the same name."""
