@@ -42,18 +42,22 @@ class Gate:
     def login(self, users: Users, name: str, password: str, address: str) -> Optional[User]:
         """The user, None for a wrong name or password; raises Refused when throttled or busy."""
         ukey, akey = f"user:{name}", f"addr:{address}"
-        wait = max(self._users.wait_s(ukey), self._addresses.wait_s(akey))
+        wait, ustamp = self._users.reserve(ukey)      # counted as failed until it succeeds
         if wait > 0:
             raise Refused(429, wait, f"too many failed logins; try again in {math.ceil(wait)} s")
+        wait, astamp = self._addresses.reserve(akey)
+        if wait > 0:
+            self._users.forgive(ukey, ustamp)
+            raise Refused(429, wait, f"too many failed logins; try again in {math.ceil(wait)} s")
         if not self._slots.acquire(timeout=self.policy.hashing_wait_s):
+            self._users.forgive(ukey, ustamp)
+            self._addresses.forgive(akey, astamp)
             raise Refused(503, 1, "too many logins at once; try again in a second")
         try:
             user = users.check(name, password)
         finally:
             self._slots.release()
-        if user is None:
-            self._users.fail(ukey)
-            self._addresses.fail(akey)
-        else:
+        if user is not None:
             self._users.clear(ukey)
+            self._addresses.forgive(akey, astamp)
         return user

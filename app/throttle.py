@@ -51,13 +51,35 @@ class FailureWindow:
 
     def fail(self, key: str) -> None:
         with self._lock:
+            self._add(key, self._clock())
+
+    def reserve(self, key: str) -> tuple[float, float]:
+        """(wait, stamp): with wait > 0 the attempt is refused; else it is counted as a failure
+        now, before it is checked, so that parallel attempts see each other; `forgive(key, stamp)`
+        takes it back once it succeeded (or was never checked)."""
+        with self._lock:
             now = self._clock()
             times = self._recent(key, now)
-            times.append(now)
-            self._fails[key] = times
-            self._fails.move_to_end(key)
-            while len(self._fails) > self.max_keys:
-                self._fails.popitem(last=False)
+            if len(times) >= self.limit.failures:
+                return max(times[-self.limit.failures] + self.limit.window_s - now, 0.001), now
+            self._add(key, now)
+            return 0.0, now
+
+    def forgive(self, key: str, stamp: float) -> None:
+        with self._lock:
+            times = self._fails.get(key)
+            if times is not None and stamp in times:
+                times.remove(stamp)
+                if not times:
+                    del self._fails[key]
+
+    def _add(self, key: str, now: float) -> None:
+        times = self._recent(key, now)
+        times.append(now)
+        self._fails[key] = times
+        self._fails.move_to_end(key)
+        while len(self._fails) > self.max_keys:
+            self._fails.popitem(last=False)
 
     def clear(self, key: str) -> None:
         with self._lock:

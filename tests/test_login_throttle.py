@@ -136,3 +136,39 @@ def test_parallel_guesses_hash_in_two_slots_at_most():
     assert users.most <= 2, users.most
     assert "503" in results and "wrong" in results, results
     assert time.monotonic() - t0 < 30
+
+
+def test_parallel_wrong_guesses_are_checked_within_the_limits():
+    """Issue 47, row 6: 40 parallel wrong logins for one user check at most 5 passwords (the
+    per-user limit), and 60 over 3 users from one address at most 20 (the per-address limit):
+    each attempt counts as failed before its password is checked."""
+    users = CountingUsers()
+    users.checked = 0
+    check = users.check
+
+    def counted(name, pw):
+        with users.lock:
+            users.checked += 1
+        return check(name, pw)
+    users.check = counted
+    gate = Gate(LoginPolicy(hashing_wait_s=30))
+
+    def guesses(names: list[str], address: str) -> list[str]:
+        out: list[str] = []
+
+        def guess(name: str) -> None:
+            try:
+                out.append("ok" if gate.login(users, name, "wrong", address) else "wrong")
+            except Refused as e:
+                out.append(str(e.status))
+        threads = [threading.Thread(target=guess, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+    out = guesses(["carol"] * 40, "10.0.0.1")
+    assert users.checked == 5 and out.count("wrong") == 5 and out.count("429") == 35, (users.checked, out)
+    users.checked = 0
+    out = guesses([f"user{k % 3}" for k in range(60)], "10.0.0.2")
+    assert users.checked <= 15 and out.count("429") >= 45, (users.checked, out)   # 5 per name, 20 per address
