@@ -36,8 +36,9 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
                          SESSION_COOKIE_SECURE=web.secure_cookies,
                          MAX_CONTENT_LENGTH=web.max_body_bytes)
     app.layout = shell
-    from . import api, callback_inputs, gridserve, jsondepth, metrics, security, session
+    from . import api, callback_inputs, dasherrors, gridserve, jsondepth, metrics, security, session
     jsondepth.register(server)          # first: nothing below parses a body nested too deep
+    dasherrors.register(server)
     security.protect(app)
     callback_inputs.register(server)
     gridserve.register(server)          # after the checks above: answers the grid callback itself
