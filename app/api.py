@@ -187,18 +187,27 @@ def job(job_id):
     return jsonify(body)
 
 
+def _owned_job(job_id: str, what: str):
+    """The job, when the logged-in user owns it or is staff: (job, None), else (None, error
+    response); `what` words the refusal ("cancel it")."""
+    user = context.current_user()
+    if user is None:
+        return None, _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    job = context.harvester.job(job_id)
+    if job is None:
+        return None, _err(404, f"no job {job_id}")
+    if not user.may_cancel(job.owner):
+        return None, _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may {what}")
+    return job, None
+
+
 @bp.get("/jobs/<job_id>/logs")
 def job_logs(job_id):
     """The last lines of a job's worker logs, rank 0's first: its owner's and staff's to read."""
-    user = context.current_user()
-    if user is None:
-        return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    job, refused = _owned_job(job_id, "read its logs")
+    if refused:
+        return refused
     h = context.harvester
-    job = h.job(job_id)
-    if job is None:
-        return _err(404, f"no job {job_id}")
-    if not user.may_cancel(job.owner):
-        return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may read its logs")
     lines, bad = _whole_arg("lines", LOG_LINES_DEFAULT, LOG_LINES_MAX, least=1)
     if bad:
         return bad
@@ -239,15 +248,10 @@ def submit():
 
 @bp.delete("/jobs/<job_id>")
 def cancel(job_id):
-    user = context.current_user()
-    if user is None:
-        return _err(401, "log in: send Authorization: Bearer <token from POST /api/token>")
+    _, refused = _owned_job(job_id, "cancel it")
+    if refused:
+        return refused
     h = context.harvester
-    job = h.job(job_id)
-    if job is None:
-        return _err(404, f"no job {job_id}")
-    if not user.may_cancel(job.owner):
-        return _err(403, f"job {job_id} belongs to {job.owner or 'the job set'}; only its owner or staff may cancel it")
     try:
         h.cancel(job_id)
     except ValueError as e:
