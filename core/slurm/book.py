@@ -201,6 +201,8 @@ class PilotBook:
         now, cancel = time.monotonic(), []
         with self.lock:
             for j in jobs:
+                if self.held.get(j.nodes) == j.id:
+                    continue          # it redialed before the leftovers were read: it holds its node already
                 if restarted and j.state == "RUNNING" and j.nodes in self.watched and j.nodes not in self.held:
                     self.pilots[j.id] = Pilot(j.id, j.nodes, now, adopted=True)
                     self.held[j.nodes] = j.id
