@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"open connections at once (default {WebConfig.connection_limit})")
     web.add_argument("--channel-timeout", type=int, default=WebConfig.channel_timeout_s, metavar="S",
                      help=f"seconds an idle connection stays open (default {WebConfig.channel_timeout_s})")
+    web.add_argument("--per-address-limit", type=int, default=WebConfig.per_address_limit, metavar="N",
+                     help=f"open connections one client address may hold; more are closed at once "
+                          f"(default {WebConfig.per_address_limit}; 0: no limit)")
+    web.add_argument("--header-timeout", type=float, default=WebConfig.header_timeout_s, metavar="S",
+                     help=f"seconds a request's headers may take from its first byte; a connection still "
+                          f"sending them is closed (default {WebConfig.header_timeout_s:g})")
     web.add_argument("--session-idle", type=float, default=WebConfig.session_idle_s, metavar="S",
                      help=f"seconds a browser login lasts unused (default {WebConfig.session_idle_s:g})")
     web.add_argument("--secure-cookies", action="store_true",
@@ -223,13 +229,16 @@ def flag(path: str) -> str:
 
 def web_config(args) -> WebConfig:
     """The web server options, checked; raises ValueError naming the option."""
-    for name, low in (("threads", 1), ("connection_limit", 1), ("channel_timeout", 1)):
+    for name, low in (("threads", 1), ("connection_limit", 1), ("channel_timeout", 1), ("per_address_limit", 0)):
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')}: must be at least {low}, not {getattr(args, name)}")
     if not args.session_idle > 0:
         raise ValueError(f"--session-idle: must be positive seconds, not {args.session_idle:g}")
+    if not 0 < args.header_timeout < float("inf"):
+        raise ValueError(f"--header-timeout: must be positive seconds, not {args.header_timeout:g}")
     return WebConfig(secure_cookies=args.secure_cookies, session_idle_s=args.session_idle, threads=args.threads,
-                     connection_limit=args.connection_limit, channel_timeout_s=args.channel_timeout)
+                     connection_limit=args.connection_limit, channel_timeout_s=args.channel_timeout,
+                     per_address_limit=args.per_address_limit, header_timeout_s=args.header_timeout)
 
 
 def raise_descriptor_limit() -> int:
@@ -274,8 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
               "files) and start a new run, or restore a backup", file=sys.stderr)
         return 2
-    from waitress import serve
-
+    from .slowclients import serve
     from .web import create_app
     app = create_app(harvester, users, web)
     url = f"http://{args.host}:{args.port}"
@@ -289,7 +297,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
     try:
-        serve(app.server, listen=listen_on(args, settings), ident="harvester", **web.waitress())
+        serve(app.server, web, listen=listen_on(args, settings), ident="harvester")
     except KeyboardInterrupt:
         pass
     finally:
