@@ -28,6 +28,7 @@ EXITED_EARLY = "exited_early"
 NO_PROGRESS = "no_progress"
 UNREACHABLE = "unreachable"
 CRASHES = "crashes"
+STORE_DOWN = "store_down"
 OTHER = "other"
 SETUP = frozenset({COMMAND_NOT_FOUND, NOT_EXECUTABLE, WORKDIR_MISSING, LOG_UNWRITABLE, EXCEPTION, EXIT_STATUS})
 TAIL_KEPT = 20
@@ -44,6 +45,8 @@ _HINTS = {
     OUT_OF_MEMORY: "the rank ran out of memory: a smaller batch per rank, or fewer ranks per node",
     NO_PROGRESS: "the job made no step within its start timeout; its log's last lines are below",
     UNREACHABLE: "the node did not answer over ssh",
+    STORE_DOWN: "the job's store process ended again and again, likely from something that reaches its "
+                "port and floods it: keep the store port inside the cluster network (--coordinator-bind)",
 }
 _TRACEBACK = "Traceback (most recent call last)"
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?::\s*(.*))?$")

@@ -16,6 +16,9 @@ from ..model import Event, EventKind
 from ..runtime import ranks
 
 
+ABUSE_EVERY_S = 60.0      # the store's removals are said at most this often
+
+
 @dataclass
 class Health:
     troubled_gen: int = 0                     # last generation whose failure was named
@@ -24,6 +27,8 @@ class Health:
     step_seen: tuple[int, float] = (-1, 0.0)  # (committed step, monotonic time it was first seen)
     stalled: bool = False                     # said once: no step for the start timeout
     fatal: Optional[Failure] = None           # a failure no retry can mend: the job fails with it
+    abuse: tuple[int, int] = (0, 0)           # (keys removed, connections shut) already said
+    abuse_said_at: float = float("-inf")      # monotonic: when that was last said
 
     def observe(self, job_id: str, st: dict, holding: bool, now: float, t: float,
                 start_timeout_s: float) -> tuple[list[Event], Optional[tuple[int, list[str]]]]:
@@ -48,12 +53,30 @@ class Health:
             if failures.loopback_rendezvous(trouble) and not self.stepped:
                 trouble.message = f"before the job's first step: {trouble.message}"
                 self.fatal = trouble          # every retry would advertise the same loopback address
+        out += self._abuse(job_id, st.get("store_host") or {}, now, t)
         if not holding or st["committed_step"] != self.step_seen[0]:
             self.step_seen = (st["committed_step"], t)
         elif t - self.step_seen[1] > start_timeout_s and not self.stalled:
             self.stalled = True
             return out, (gen, errors)
         return out, None
+
+    def _abuse(self, job_id: str, host: dict, now: float, t: float) -> list[Event]:
+        """What the job's store process removed or shut since it was last said, at most once a
+        minute: someone who reaches the store's port is writing to it or flooding it."""
+        keys, shut = int(host.get("foreign_keys") or 0), int(host.get("shut_connections") or 0)
+        if (keys, shut) == self.abuse or t - self.abuse_said_at < ABUSE_EVERY_S:
+            return []
+        new_keys, new_shut = keys - self.abuse[0], shut - self.abuse[1]
+        self.abuse, self.abuse_said_at = (keys, shut), t
+        peers = sorted((host.get("peers_over_cap") or {}).items(), key=lambda kv: -kv[1])[:3]
+        parts = ([f"removed {new_keys} key(s) that were not the job's"] if new_keys else []) + \
+                ([f"shut {new_shut} connection(s) over the per-address cap"
+                  + (" (" + ", ".join(f"{p}: {n}" for p, n in peers) + " in all)" if peers else "")]
+                 if new_shut else [])
+        return [Event(now, EventKind.JOB_TROUBLE, job=job_id, detail=(
+            "its store " + " and ".join(parts) + ": something that reaches the store's port is "
+            "writing to it or flooding it; the job trains on"))]
 
     def fails_at_once(self, failure: Failure) -> bool:
         """A set-up error (the command, the folder, the script's own exception) before the

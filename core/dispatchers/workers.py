@@ -116,6 +116,8 @@ class WorkerDispatcher(Dispatcher):
         self._runs: dict[str, _Run] = {}
         self._events: list[Event] = []
         self._rejoin: list[tuple[float, str]] = []
+        self._store_downs: dict[str, list[float]] = {}   # job -> when its store process ended
+        self._reviving: dict[str, list[str]] = {}        # job -> nodes it starts again on (`_revive`)
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dispatch")
         self._checking = False
@@ -178,6 +180,8 @@ class WorkerDispatcher(Dispatcher):
             return self.restarts.vacate(job, lost, now)
         with self._lock:
             run = self._runs.get(job.id)
+            if job.id in self._reviving:
+                self._reviving[job.id] = [n for n in self._reviving[job.id] if n not in lost]
             if run is None:
                 return
             gone = set(lost)
@@ -192,6 +196,7 @@ class WorkerDispatcher(Dispatcher):
             return self.restarts.stop(job)
         with self._lock:
             run = self._runs.pop(job.id, None)
+            self._reviving.pop(job.id, None)
         if run is None:
             return
         st = run.coord.status()
@@ -269,6 +274,8 @@ class WorkerDispatcher(Dispatcher):
                 elif st["failed"]:
                     self._fail(run, failures.from_error_text(st["error"] or "the job's workers failed",
                                                              tail=run.last_tail), now)
+                elif st.get("store_down"):
+                    self._store_down(run, st, now)
                 else:
                     self._watch_progress(run, st, now)
             events += self._events
@@ -564,6 +571,46 @@ class WorkerDispatcher(Dispatcher):
             return self.transport.tail(handle, lines)
         except (TransportError, OSError):
             return []
+
+    def _store_down(self, run: _Run, st: dict, now: float) -> None:
+        """The job's store process ended under it (its limits, under a flood): its workers are
+        stopped and the job starts again on the same nodes from its last checkpoint with a new
+        store, unless that happened `max_crashes` times within the crash window (under the lock)."""
+        job, reason = run.job, str(st["store_down"])
+        run.ended = True
+        self._runs.pop(job.id, None)
+        job.samples_done = max(job.samples_done, float(st["samples_done"]))
+        self.book.revoke(job.id)
+        adoption.kept_path(self.logdir, job.id).unlink(missing_ok=True)
+        failure = failures.named(failures.STORE_DOWN, f"the job's store at {st['store']} ended: {reason}", None,
+                                 tail=run.last_tail)
+        downs = self._store_downs.setdefault(job.id, [])
+        if note_loss(downs, time.time(), self.crash_window_s) >= self.max_crashes:
+            failure.message = f"{len(downs)} times within {self.crash_window_s:g} s; last: {failure.message}"
+            self._events.append(Event(now, EventKind.JOB_FAILED, job=job.id, detail=failure.line(),
+                                      failure=failure.to_dict()))
+            self._pool.submit(self._stop_handles, list(run.handles.values()), self.vacate_grace_s)
+            return
+        self._events.append(Event(now, EventKind.JOB_TROUBLE, job=job.id, failure=failure.to_dict(), detail=(
+            f"{failure.message}: its workers start again on the same nodes from the last checkpoint")))
+        self._reviving[job.id] = list(run.target)
+        self._pool.submit(self._revive, job, list(run.handles.values()))
+
+    def _revive(self, job: Job, handles: list[Handle]) -> None:
+        """After `_store_down`, off the controller's thread: the old workers out first (their
+        checkpoint written), then new ones, unless the job was stopped or placed again meanwhile."""
+        self._stop_handles(handles, self.stop_grace_s)
+        with self._lock:
+            nodes = self._reviving.pop(job.id, None)
+            if nodes is None or job.id in self._runs or not nodes:
+                return
+        try:
+            self.resize(job, nodes, time.time())
+        except (ValueError, OSError, RuntimeError) as e:
+            with self._lock:
+                failure = failures.named(failures.STORE_DOWN, f"the job's store could not be started again: {e}", None)
+                self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=job.id, detail=failure.line(),
+                                          failure=failure.to_dict()))
 
     def _post(self, event: Event) -> None:
         with self._lock:

@@ -1,7 +1,8 @@
 """Controller side of the elastic runtime: one JobCoordinator per running job.
 
-The coordinator serves the job's TCPStore and drives its workers (core.runtime.elastic) through
-generations; see core/runtime/protocol.py for the keys. It only executes: the rules (when to stop,
+The coordinator has the job's TCPStore served by a process of its own (core/runtime/storehost.py:
+bounded descriptors, memory and connections per peer; what is not the job's is deleted) and
+drives its workers (core.runtime.elastic) through generations; see core/runtime/protocol.py for the keys. It only executes: the rules (when to stop,
 whom to run, what a loss or a dismissal means) are `RegroupMachine`'s (core/runtime/regroup.py,
 with the regroup sequence). Every public method is non-blocking: it hands a message to the
 machine under a lock and wakes a daemon thread, which does the store I/O (polling worker events
@@ -18,17 +19,16 @@ Store security: every key lives under a namespace derived from a per-job secret 
 carries an HMAC under it (core/runtime/signing.py); the workers get the secret in their private
 environment (HARVEST_STORE_SECRET). A non-member's writes read as absent, but TCPStore has no
 authentication: anyone who reaches the port can read values, list keys and delete or overwrite
-them (denial of service). The store listens on every interface unless `bind_host` names one
-address; keep the port inside the cluster network. The per-job token protects the HTTP progress
-reports only.
+them (denial of service), which the store process bounds: at worst it ends and the job's store
+is down (`status()["store_down"]`), never the harvester. The store listens on every interface
+unless `bind_host` names one address; keep the port inside the cluster network. The per-job
+token protects the HTTP progress reports only.
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -40,6 +40,7 @@ import torch.distributed as dist
 from . import protocol as P
 from .regroup import W_GONE, Instant, RegroupMachine, Send
 from .signing import SignedStore, signed
+from .storehost import StoreHost, StoreLimits
 
 __all__ = ["JobCoordinator"]
 
@@ -60,26 +61,6 @@ def _now() -> Instant:
     return Instant(time.time(), time.monotonic())
 
 
-def _serve(host: str, port: int, bind_host: Optional[str], timeout: timedelta) -> dist.TCPStore:
-    """The job's TCPStore server: on every interface (bind_host None), else listening only on
-    `bind_host`, through a socket bound here and handed to torch (`master_listen_fd`, which
-    takes over a duplicate of the descriptor). The server's own client dials `bind_host` then,
-    unless it is a wildcard address."""
-    if bind_host is None and not port:
-        return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
-    bind_host = bind_host or "0.0.0.0"        # a given port (a restart) is bound here: SO_REUSEADDR
-    family, kind, proto, _, addr = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        bound_port = sock.getsockname()[1]
-        dial = host if bind_host in ("0.0.0.0", "::", "") else bind_host
-        # torch owns (and closes) the duplicate; if its constructor fails, it may leak
-        return dist.TCPStore(dial, bound_port, None, True, timeout=timeout,
-                             wait_for_workers=False, master_listen_fd=os.dup(sock.fileno()))
-
-
 class JobCoordinator:
     """Controller-side coordinator of one elastic job (see the module docstring)."""
 
@@ -90,10 +71,11 @@ class JobCoordinator:
                  max_failed_generations: int = 3, checkpoint_dir: Optional[str] = None,
                  extra_env: Optional[dict[str, str]] = None,
                  bind_host: Optional[str] = None, secret: Optional[str] = None,
-                 orphan_s: float = 0.0) -> None:
+                 orphan_s: float = 0.0, store_limits: StoreLimits = StoreLimits()) -> None:
         """`port`, `secret` and `token` of an earlier coordinator of the job (the harvester
         restarted) make this one the store its workers redial; `orphan_s`: how long a worker
-        trains on and redials when the store goes away (HARVEST_ORPHAN_S)."""
+        trains on and redials when the store goes away (HARVEST_ORPHAN_S); `store_limits`: what
+        the job's store process may hold (core/runtime/storehost.py)."""
         if global_batch <= 0 or total_samples <= 0:
             raise ValueError("global_batch and total_samples must be positive")
         self.job_id = job_id
@@ -119,8 +101,15 @@ class JobCoordinator:
         self.orphan_s = float(orphan_s)
         self.bind_host = bind_host
         timeout = timedelta(seconds=max(30.0, 3 * self.pg_timeout_s))
-        self._server: Optional[dist.TCPStore] = _serve(host, port, bind_host, timeout)
-        self.address: tuple[str, int] = (host, int(self._server.port))
+        self._host = StoreHost.start(host, port, bind_host, self.secret, timeout.total_seconds(), store_limits)
+        dial = host if bind_host in (None, "0.0.0.0", "::", "") else bind_host
+        try:
+            self._server: Optional[dist.TCPStore] = dist.TCPStore(dial, self._host.port, None, False, timeout=timeout)
+        except Exception:
+            self._host.stop()
+            raise
+        self.address: tuple[str, int] = (host, int(self._host.port))
+        self.store_down: Optional[str] = None     # why the job's store process ended under it
         self._store: Optional[SignedStore] = signed(self._server, self.secret,
                                                     timeout.total_seconds())
         self._store.set(P.META, P.encode({"job": job_id, "global_batch": self.global_batch,
@@ -227,6 +216,7 @@ class JobCoordinator:
             store = self._store
             return {"job": self.job_id, "store": "%s:%d" % self.address,
                     "forged_reads": self._forged if store is None else store.rejected,
+                    "store_host": self._host.snapshot(), "store_down": self.store_down,
                     **self._machine.status()}
 
     def generations(self) -> list[dict]:
@@ -255,7 +245,8 @@ class JobCoordinator:
             self._closed = True
             self._forged = self._store.rejected if self._store is not None else self._forged
             store, server, self._store, self._server = self._store, self._server, None, None
-        del store, server          # the server thread goes with the last reference
+        del store, server
+        self._host.stop()
 
     # ------------------------------------------------------------------ executing commands
     def _execute(self, cmds: list[Send]) -> None:
@@ -290,6 +281,11 @@ class JobCoordinator:
                         return
             except Exception:  # noqa: BLE001 - keep coordinating; the store may be gone at close
                 if self._closing or self._closed:
+                    self._release()
+                    return
+                if not self._host.alive():
+                    self.store_down = self._host.failure()
+                    log.warning("job %s: its store process ended: %s", self.job_id, self.store_down)
                     self._release()
                     return
                 log.exception("job %s: coordinator loop", self.job_id)
