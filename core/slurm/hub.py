@@ -30,6 +30,10 @@ from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, WELCOME, Wire
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
 MAX_CONNECTIONS = 4 * 64 + 64   # see SlurmSettings.hub_connection_cap
+#: connections the kernel queues for accept (clamped to net.core.somaxconn): a connect flood
+#: that overflows the queue makes a pilot's SYN be dropped, ~1 s per retransmission (at 1024, a
+#: flood of 2,000 sockets cost pilots 1-3 retransmissions; tests/test_slurm_hub_abuse.py)
+BACKLOG = 4096
 #: a node name as a pilot may give it (SLURMD_NODENAME or the host name)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -115,7 +119,7 @@ class PilotHub:
         self.on_hello = on_hello
         self.on_leave = on_leave
         ctx, self.fingerprint = server_context(identity)
-        self._server = socket.create_server((host, port), backlog=1024)
+        self._server = socket.create_server((host, port), backlog=BACKLOG)
         self._server.setblocking(False)
         self.address = self._server.getsockname()[:2]
         self._links: dict[str, PilotLink] = {}        # node -> its current pilot

@@ -1,10 +1,16 @@
 """Connections to the hub that have not yet shown they are pilots. One thread accepts them and
 runs all their TLS handshakes and hello lines at once (a selector), each against one deadline
 for the whole of it, so an idle or slow connection costs a socket and a few KB, never a thread.
-Connections are capped; at the cap a new one takes the place of the oldest one still waiting
-for its hello (so idle connections cannot lock pilots out), or is closed at once if none is
-waiting. The listener outlives a lack of file descriptors (EMFILE, ENFILE) or memory: it pauses
-briefly and goes on."""
+Connections are capped; at the cap a new one takes the place of one still waiting for its hello,
+or is closed at once if none is waiting. The one that gives way is one stuck at its stage of
+the hello (nothing yet; its ClientHello answered; TLS done) for a second or more, the longest
+stuck first; else the one that got least far, the longest there first. A pilot goes through the
+stages in a round trip or two, so a flood of bare connects, however fast, only displaces its
+own kind, and connections that finish TLS and then sit there are displaced once stuck: under
+plain FIFO, any pilot whose handshake took longer than the flood needed to cycle the cap was cut
+off on every try. To displace a pilot now, an attacker has to get as far as it did, again and
+again: about a TLS handshake per connection of the cap every second. The listener outlives a
+lack of file descriptors (EMFILE, ENFILE) or memory: it pauses briefly and goes on."""
 from __future__ import annotations
 
 import errno
@@ -27,6 +33,9 @@ PAUSE_S = (0.05, 1.0)           # after a failed accept: first and longest pause
 REPORT_S = 10.0                 # at most one summary of closed connections this often
 #: accept() failures that say "not now" (no descriptor, no memory) rather than "closed"
 SCARCE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: how far a connection got towards its hello; at the cap the lowest stage gives way first
+NOTHING, ANSWERED, SHAKEN = 0, 1, 2     # no ClientHello yet; the hub answered it; TLS done
+STUCK_S = 1.0                   # ... unless one has been at its stage this long (a pilot: a round trip)
 
 
 @dataclass(eq=False)
@@ -34,7 +43,8 @@ class _Guest:
     sock: socket.socket
     wire: Wire
     deadline: float               # time.monotonic() by which its hello must be in
-    shaken: bool = False          # TLS handshake done
+    since: float                  # time.monotonic() when it reached its stage
+    stage: int = NOTHING
 
 
 class Lobby:
@@ -52,7 +62,9 @@ class Lobby:
         self.hello_timeout_s = hello_timeout_s
         self.send_timeout_s = send_timeout_s          # once admitted (before: only what fits at once)
         self.closed = Counter()                     # why connections were closed before a hello
-        self._guests: dict[_Guest, None] = {}       # oldest first
+        self._guests: dict[_Guest, None] = {}       # oldest first (their deadlines in order)
+        #: the same guests by stage, each in the order they reached it: who gives way at the cap
+        self._stages: tuple[dict[_Guest, None], ...] = ({}, {}, {})
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
@@ -144,18 +156,27 @@ class Lobby:
                 self.closed["refused at the cap"] += 1
                 sock.close()
                 return
-            self._drop(next(iter(self._guests)), "evicted at the cap")
+            self._drop(self._evictee(), "evicted at the cap")
         try:
             sock.setblocking(False)
             tune(sock)
+            now = time.monotonic()
             guest = _Guest(sock, Wire(sock, self.ctx, server_side=True, send_timeout_s=0.0),
-                           time.monotonic() + self.hello_timeout_s)
+                           now + self.hello_timeout_s, now)
             self._sel.register(sock, selectors.EVENT_READ, guest)
         except (OSError, ValueError) as e:
             log.warning("could not take a pilot connection: %s", e)
             sock.close()
             return
         self._guests[guest] = None
+        self._stages[NOTHING][guest] = None
+        self._advance_or_drop(guest)      # a pilot's ClientHello is usually there already
+
+    def _evictee(self) -> _Guest:
+        """Who gives way at the cap (there are guests): see the module's docstring."""
+        firsts = [next(iter(s)) for s in self._stages if s]
+        stuck = min(firsts, key=lambda g: g.since)
+        return stuck if time.monotonic() - stuck.since >= STUCK_S else firsts[0]
 
     # ---- the hello ---------------------------------------------------------------------------
     def _advance_or_drop(self, guest: _Guest) -> None:
@@ -177,9 +198,10 @@ class Lobby:
             return
         try:
             guest.wire.feed(data)
-            if not guest.shaken:
-                guest.shaken = guest.wire.handshake_step()
-                if not guest.shaken:
+            if guest.stage != SHAKEN:
+                self._reach(guest, SHAKEN if guest.wire.handshake_step() else
+                            ANSWERED if guest.wire.sent else NOTHING)
+                if guest.stage != SHAKEN:
                     return
             line = guest.wire.take_line(MAX_HELLO)
         except (OSError, ValueError):           # a failed handshake, a hello too long, ...
@@ -189,6 +211,7 @@ class Lobby:
             return
         self._sel.unregister(guest.sock)
         del self._guests[guest]
+        del self._stages[guest.stage][guest]
         try:
             hello = json.loads(line)
         except ValueError:
@@ -197,12 +220,20 @@ class Lobby:
         guest.wire.send_timeout_s = self.send_timeout_s
         self.admit(guest.wire, hello if isinstance(hello, dict) else None)
 
+    def _reach(self, guest: _Guest, stage: int) -> None:
+        """`guest` got as far as `stage`: it now gives way after all who got less far."""
+        if stage != guest.stage:
+            del self._stages[guest.stage][guest]
+            guest.stage, guest.since = stage, time.monotonic()
+            self._stages[stage][guest] = None
+
     def _drop(self, guest: _Guest, why: str) -> None:
         try:
             self._sel.unregister(guest.sock)
         except (KeyError, ValueError):
             pass
         self._guests.pop(guest, None)
+        self._stages[guest.stage].pop(guest, None)
         guest.wire.close()
         if why:
             self.closed[why] += 1

@@ -80,6 +80,7 @@ class Wire:
         self._tls_lock = threading.Lock()    # the SSL object and its BIOs
         self._send_lock = threading.Lock()   # bytes go to the socket in the order TLS made them
         self._eof = False
+        self.sent = 0                        # bytes the socket took (the hub's lobby: was it answered?)
 
     # ---- sending -----------------------------------------------------------------------------
     def send(self, msg: dict) -> bool:
@@ -114,6 +115,7 @@ class Wire:
                     pass
                 if not _ready(self.sock, select.POLLOUT, deadline):
                     raise TimeoutError("the peer did not take the data in time")
+            self.sent += len(data)
         except OSError:
             self.shutdown()
             raise
