@@ -20,6 +20,7 @@ from app.__main__ import build_parser, web_config
 from app.slowclients import Tally
 from app.webconfig import MAX_BODY_BYTES, WebConfig
 from tests.support.server import start_app
+from tests.support.waiting import wait
 
 HEADER_TIMEOUT_S = 4.0
 ATTACKERS = 500
@@ -109,15 +110,6 @@ class Trickle:
             s.close()
 
 
-def wait_for(check, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
 def test_500_trickling_connections_leave_the_dashboard_answering(app):
     cap = WebConfig.per_address_limit
     trickle = Trickle(address(app))
@@ -127,7 +119,7 @@ def test_500_trickling_connections_leave_the_dashboard_answering(app):
         trickle.open(ATTACKERS)
         thread.start()
         # the server takes them all in; those past the cap for 127.0.0.2 are closed at once
-        wait_for(lambda: trickle.still_open() <= cap, 2)
+        wait(lambda: trickle.still_open() <= cap, 2, fail=False)
         times, still_open = [], []
         while time.monotonic() - t0 < HEADER_TIMEOUT_S - 1:     # the trickle goes on
             still_open.append(trickle.still_open())
@@ -136,7 +128,7 @@ def test_500_trickling_connections_leave_the_dashboard_answering(app):
         assert max(times) < 1.0 and len(times) >= 5, times
         assert set(still_open) == {cap}, still_open
         # then each is closed once its header deadline passes, within a couple of seconds of it
-        assert wait_for(lambda: trickle.still_open() == 0, 4), trickle.still_open()
+        assert wait(lambda: trickle.still_open() == 0, 4, fail=False), trickle.still_open()
         last = sorted(trickle.closed_at.values())[-cap:]
         assert t0 + HEADER_TIMEOUT_S < last[0] and last[-1] < t0 + HEADER_TIMEOUT_S + 3, (last[0] - t0, last[-1] - t0)
         assert health_s(app) < 1.0
@@ -145,7 +137,7 @@ def test_500_trickling_connections_leave_the_dashboard_answering(app):
     # one log line each for the refused and the closed, once their burst is over
     refused = f"refused {ATTACKERS - cap} new connection(s) from address(es) already holding {cap}"
     closed = f"closed {cap} connection(s) whose request headers were not complete within {HEADER_TIMEOUT_S:g} s"
-    assert wait_for(lambda: closed in app.output(), 3), app.output()[-2000:]
+    assert wait(lambda: closed in app.output(), 3, fail=False), app.output()[-2000:]
     log = app.output()
     assert log.count(f"{refused} (the per-address limit): {ATTACKER_HOST}: {ATTACKERS - cap}\n") == 1, log[-2000:]
     assert log.count(f"{closed}: {ATTACKER_HOST}: {cap}\n") == 1, log[-2000:]

@@ -27,9 +27,11 @@ def env_of(raw: bytes) -> dict[str, str]:
 
 
 def pilot_processes(job_ids) -> dict[int, dict[str, str]]:
-    """The pilots' own processes (not their workers), outer PID -> environment."""
-    return {pid: env_of(raw) for j in job_ids for pid, raw in processes_with_env(f"SLURM_JOB_ID={j}").items()
-            if "HARVEST_JOB" not in env_of(raw)}
+    """The pilots' own processes, outer PID -> environment: not their workers, nor what a pilot
+    runs for a moment on the harvester's behalf (a node check, a forked child before its exec)."""
+    found = {pid: env_of(raw) for j in job_ids for pid, raw in processes_with_env(f"SLURM_JOB_ID={j}").items()
+             if "HARVEST_JOB" not in env_of(raw)}
+    return {pid: env for pid, env in found.items() if parent(pid) not in found}
 
 
 def workers_of(job_id: str) -> dict[str, int]:
