@@ -32,6 +32,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Optional
 
+from .signing import TAG_BYTES, namespace
+
 __all__ = ["StoreHost", "StoreLimits", "StoreHostError"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,14 +230,6 @@ def _status_kb(field_name: str) -> int:
     return 0
 
 
-def _namespace(secret: str) -> str:
-    """As core.runtime.signing.namespace (kept apart so the janitor imports no torch wrapper)."""
-    return "job-" + hmac.new(secret.encode(), b"namespace", hashlib.sha256).hexdigest()[:24]
-
-
-TAG_BYTES = 32
-
-
 class Janitor:
     """Keeps a job's store inside its limits (see the module docstring)."""
 
@@ -244,7 +238,7 @@ class Janitor:
         self.port = port
         self.limits = limits
         self.key = secret.encode()
-        self.prefix = _namespace(secret) + "/"
+        self.prefix = namespace(secret) + "/"
         self.seen_keys: set[str] = set()
         self.first_seen: dict[int, float] = {}       # socket inode -> when a sweep first saw it
         self.last_count = -1
