@@ -12,29 +12,38 @@ model as the web form.
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
     GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
-    POST   /api/replay/<pause|resume|speed>    staff only
+    POST   /api/replay/<pause|resume|speed>    staff only; pause and resume take no body (or an ignored
+                                               JSON object), speed {"speed": 1..3600}
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
     POST   /api/nodes/<name>/clear         staff only, Slurm source: a node skipped after failed pilots gets one again
     POST   /api/workers/<job>/report           a job's workers, with the job's own token
+
+A method an /api/ route does not take is a 405 whose Allow lists the ones it does (Dash's
+catch-all page route would otherwise answer GET on every path); a path under /api/ that is no
+route is a JSON 404; a documented query argument given twice, or out of its range, is a 400.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
 from urllib.parse import urlencode
 
 import flask
 from flask import jsonify, request
 from pydantic import ValidationError
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import Map, RequestRedirect, Rule
 
 from core.explain import horizon_of, why
 from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
 from core.service import Unsupported
+from core.settings import SPEED_MAX, SPEED_MIN
 from core.snapshot import BUSY, HELD
 
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
-from .openapi import LOG_LINES_DEFAULT, LOG_LINES_MAX, PAGE_DEFAULT, PAGE_MAX, document as api_document
+from .openapi import LOG_LINES_DEFAULT, LOG_LINES_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX, document as api_document
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -61,6 +70,67 @@ bp = flask.Blueprint("api", __name__, url_prefix="/api")
 
 def register(server: flask.Flask) -> None:
     server.register_blueprint(bp)
+    server.before_request(_api_methods(server))
+
+
+def _api_methods(server: flask.Flask) -> Callable[[], Optional[flask.Response]]:
+    """A `before_request` that routes /api/ paths against the API's own rules: Dash's catch-all
+    GET route matches every path too, so Flask alone would answer OPTIONS and 405 with an Allow
+    naming GET on POST-only routes, and GET on them with the dashboard's HTML page."""
+    prefix = bp.url_prefix + "/"
+    routes = Map([Rule(r.rule, endpoint=r.endpoint, methods=r.methods) for r in server.url_map.iter_rules()
+                  if r.rule.startswith(prefix)])
+
+    def answer() -> Optional[flask.Response]:
+        if not request.path.startswith(prefix):
+            return None
+        adapter = routes.bind_to_environ(request.environ)
+        try:
+            adapter.match(method=request.method)
+        except MethodNotAllowed as e:
+            allowed = ", ".join(sorted(e.valid_methods or ()))
+            resp = _err(405, f"{request.method} is not a method of {request.path}; use {allowed}")
+            resp.headers["Allow"] = allowed
+            return resp
+        except NotFound:
+            return _err(404, f"no API route {request.path}; GET /api/openapi.json lists them")
+        except RequestRedirect:
+            return None
+        if request.method == "OPTIONS":
+            resp = flask.make_response("", 200)
+            resp.headers["Allow"] = ", ".join(sorted(adapter.allowed_methods()))
+            return resp
+        return None
+    return answer
+
+
+class BadQuery(ValueError):
+    """A query argument the document does not allow (given twice, or not one of its values): a 400."""
+
+
+@bp.errorhandler(BadQuery)
+def _bad_query(e: BadQuery) -> flask.Response:
+    return _err(400, str(e))
+
+
+def _arg(name: str) -> Optional[str]:
+    """A documented query argument's one value, or None: a repeated one is ambiguous (which
+    would count?), so it is refused rather than read as its first."""
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        raise BadQuery(f"{name}: give it once, not {len(values)} times")
+    return values[0] if values else None
+
+
+def _body_object(what: str) -> tuple[Optional[dict], Optional[flask.Response]]:
+    """The JSON object a POST sends: (object, None), {} when it sends no body at all, or (None,
+    400 response) for anything else (not JSON, a list, a NUL byte), which the document refuses."""
+    if not request.get_data(cache=True):
+        return {}, None
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return None, _err(400, f"send {what} as a JSON object, or no body")
+    return body, None
 
 
 @bp.post("/token")
@@ -112,7 +182,10 @@ def cluster():
             "kpis": snap.kpis, "config": snap.config}
     if snap.source_status:
         body["source"] = snap.source_status
-    if request.args.get("nodes", "1") != "0":
+    nodes = _arg("nodes")
+    if nodes not in (None, "0", "1"):
+        raise BadQuery("nodes: give 0 (no node list) or 1")
+    if nodes != "0":
         body["nodes"] = [{"name": n, "state": STATE_NAMES.get(s, "idle"), "job": j, "since": t, "slots": k}
                          for n, s, j, t, k in zip(snap.nodes, snap.state, snap.job_of,
                                                   snap.since or [None] * len(snap.nodes),
@@ -122,32 +195,33 @@ def cluster():
     return jsonify(body)
 
 
-def _whole_arg(name: str, default: int, top: int, least: int = 0):
-    """A query argument that is a whole number in [least, top]: (value, None) or (None, error response)."""
-    text = request.args.get(name)
+def _whole_arg(name: str, default: int, top: int, least: int = 0) -> int:
+    """A query argument that is a whole number in [least, top] in ASCII digits (str.isdigit
+    also takes "²", which int() refuses, and int() refuses over 4,300 digits), else BadQuery."""
+    text = _arg(name)
     if text is None:
-        return default, None
-    if not text.isdigit() or not least <= int(text) <= top:
-        return None, _err(400, f"{name}: give a whole number from {least} to {top}")
-    return int(text), None
+        return default
+    digits = text.lstrip("0") or text[:1]       # "000" is 0, "" stays empty
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= len(str(top))
+            and least <= int(digits) <= top):
+        raise BadQuery(f"{name}: give a whole number from {least} to {top}")
+    return int(digits)
 
 
 @bp.get("/jobs")
 def jobs():
     """Jobs in registration order, a page at a time (`limit`, `offset`; `next` is the next page)."""
     snap = context.harvester.snapshot
-    state, owner = request.args.get("state"), request.args.get("owner")
-    if state and state not in JOB_STATES:
+    state, owner = _arg("state"), _arg("owner")
+    if state is not None and state not in JOB_STATES:
         return _err(422, f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}", states=list(JOB_STATES))
-    limit, bad = _whole_arg("limit", PAGE_DEFAULT, PAGE_MAX)
-    offset, bad = (None, bad) if bad else _whole_arg("offset", 0, 1 << 31)
-    if bad:
-        return bad
+    limit = _whole_arg("limit", PAGE_DEFAULT, PAGE_MAX)
+    offset = _whole_arg("offset", 0, OFFSET_MAX)
     match = [j for j in snap.jobs if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
     out = [_job_json(j) for j in match[offset:offset + limit]]
     after = offset + len(out)
     nxt = None
-    if after < len(match):
+    if limit and after < len(match):        # limit 0 never gets further: no next page to follow
         nxt = "/api/jobs?" + urlencode({**request.args.to_dict(), "offset": after, "limit": limit})
     return jsonify({"jobs": out, "count": len(out), "total": len(match), "offset": offset, "limit": limit,
                     "next": nxt})
@@ -208,9 +282,7 @@ def job_logs(job_id):
     if refused:
         return refused
     h = context.harvester
-    lines, bad = _whole_arg("lines", LOG_LINES_DEFAULT, LOG_LINES_MAX, least=1)
-    if bad:
-        return bad
+    lines = _whole_arg("lines", LOG_LINES_DEFAULT, LOG_LINES_MAX, least=1)
     workers = h.worker_logs(job_id, lines)
     if not workers and job.failure and job.failure.get("tail"):
         workers = {job.failure.get("node") or "worker": job.failure["tail"][-lines:]}
@@ -278,19 +350,22 @@ def replay(command):
     if refused:
         return refused
     h = context.harvester
+    if command not in ("pause", "resume", "speed"):
+        return _err(404, f"unknown command {command}; use pause, resume or speed")
+    body, bad = _body_object('{"speed": ...}' if command == "speed" else "nothing")
+    if bad:
+        return bad
+    speed = body.get("speed")
+    if command == "speed" and (isinstance(speed, bool) or not isinstance(speed, (int, float))):
+        return _err(422, f"speed: give a number from {SPEED_MIN:g} to {SPEED_MAX:g} (times real time)")
     try:
         if command == "pause":
             h.pause()
         elif command == "resume":
             h.resume()
-        elif command == "speed":
-            body = request.get_json(silent=True) or {}
-            if not isinstance(body, dict):
-                return _err(400, 'send JSON {"speed": ...}')
-            h.set_speed(float(body.get("speed", 0)))
         else:
-            return _err(404, f"unknown command {command}; use pause, resume or speed")
-    except (ValueError, TypeError) as e:
+            h.set_speed(float(speed))
+    except (ValueError, TypeError, OverflowError) as e:
         return _err(422, str(e))
     except Unsupported as e:
         return _err(409, str(e))
@@ -321,6 +396,9 @@ def node(node, command):
     h = context.harvester
     if command not in ("reclaim", "release", "clear"):
         return _err(404, f"unknown command {command}; use reclaim, release or clear")
+    _, bad = _body_object("nothing")
+    if bad:
+        return bad
     if command == "clear" and not h.capabilities.clears_nodes:
         return _err(409, "this server's node source skips no node after failures")
     if command != "clear" and not h.capabilities.operates_nodes:

@@ -7,8 +7,10 @@ from typing import Any
 
 from core.model import JobState
 from core.schemas import JobSpec
+from core.settings import SPEED_MAX, SPEED_MIN
 
 PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
+OFFSET_MAX = 2**31 - 1                    # GET /api/jobs: the largest offset (past the last job: an empty page)
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 40, 500  # GET /api/jobs/<id>/logs: lines per worker by default, at most
 
 REF = "#/components/schemas/{model}"
@@ -22,6 +24,8 @@ def _job_spec_schemas() -> dict[str, Any]:
     # the text forms that the model's "before" validators also take
     props["curve"]["anyOf"].insert(1, {"type": "string", "description": 'nodes:samples/s pairs, "1:1200, 8:9000"'})
     props["command"]["anyOf"].insert(1, {"type": "string", "description": "split as a shell would split it"})
+    props["curve"]["description"] = ("samples/s at each node count; required where no real workers run (a replay "
+                                     "or the simulated dispatcher: a 422 without it), else the profiler learns it")
     return {"JobSpec": spec, **defs}
 
 
@@ -42,6 +46,9 @@ AUTH_ERRORS = {"401": _error("no login, or a token that is wrong, expired or rev
                "403": _error("not allowed for this user, or a write from another origin")}
 BAD_BODY = {"400": _error("the body is not the JSON object asked for"),
             "413": {"description": "the body is over 1 MiB"}}
+#: a POST that needs no body: none, or a JSON object that it ignores (anything else is a 400)
+NO_BODY = {"required": False, "description": "none needed; a JSON object is taken and ignored",
+           "content": {JSON: {"schema": {"type": "object"}}}}
 
 
 def document(version: str = "1") -> dict:
@@ -94,8 +101,8 @@ def document(version: str = "1") -> dict:
                     "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
                                    "count": {"type": "integer"}, "total": {"type": "integer"},
                                    "offset": {"type": "integer"}, "limit": {"type": "integer"},
-                                   "next": {"type": ["string", "null"],
-                                            "description": "the next page's URL, null on the last"}}},
+                                   "next": {"type": ["string", "null"], "description":
+                                            "the next page's URL; null on the last, and with limit 0"}}},
         "Health": {"type": "object", "required": ["status"],
                    "properties": {"status": {"enum": ["ok", "error", "store failing"]}, "replay": {"type": "string"},
                                   "store": {"type": "object", "description": "present while the store is failing"}}},
@@ -119,23 +126,27 @@ def document(version: str = "1") -> dict:
             "summary": "KPIs, controller settings and every node",
             "parameters": [{"name": "nodes", "in": "query", "schema": {"enum": ["0", "1"]},
                             "description": "0: leave out the per-node list"}],
-            "responses": _ok("the cluster", "Cluster")}},
+            "responses": {**_ok("the cluster", "Cluster"), "400": _error("nodes is not 0 or 1, or given twice")}}},
         "/api/jobs": {
             "get": {"summary": "every job", "parameters": [
                 {"name": "state", "in": "query", "schema": {"enum": [s.value for s in JobState]}},
                 {"name": "owner", "in": "query", "schema": {"type": "string"}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": PAGE_MAX},
                  "description": f"jobs per page (default {PAGE_DEFAULT})"},
-                {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
+                {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": OFFSET_MAX},
+                 "description": "jobs to skip (past the last one: an empty page)"}],
                 "responses": {**_ok("the jobs, a page at a time", "JobList"),
-                              "400": _error("limit or offset is not a whole number in range"),
+                              "400": _error("limit or offset is not a whole number in range, or a "
+                                            "parameter is given twice"),
                               "422": _error("an unknown state (`states` lists them)")}},
             "post": {"summary": "register a job", "security": secured,
                      "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
-                                   "422": _error("refused: `errors` says why, per field (a job too large for "
-                                                 "this site, too many jobs of this user, or a command this "
-                                                 "user may not run here); nothing stored"),
+                                   "422": _error("refused: `errors` says why, per field (a rule across fields "
+                                                 "such as max_nodes at least min_nodes or a progress_pattern "
+                                                 "with a group, no curve where no real workers run, a job too "
+                                                 "large for this site, too many jobs of this user, or a "
+                                                 "command this user may not run here); nothing stored"),
                                    "409": _error("the replay has ended: nothing would run the job"),
                                    "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}": {
@@ -143,6 +154,8 @@ def document(version: str = "1") -> dict:
             "get": {"summary": "one job with its curve and why it holds what it holds",
                     "responses": {**_ok("the job", "Job"), "404": _error("no such job")}},
             "delete": {"summary": "cancel a job (its owner, or staff)", "security": secured,
+                       "description": "The job is stopped, not forgotten: GET still answers it, in state "
+                                      "`cancelled`, and a second DELETE is a 409.",
                        "responses": {**_ok("cancelled", "Job"), **AUTH_ERRORS, "404": _error("no such job"),
                                      "409": _error("the job has already ended"),
                                      "503": _error("the harvester is not running")}}},
@@ -154,19 +167,27 @@ def document(version: str = "1") -> dict:
                                     "schema": {"type": "integer", "minimum": 1, "maximum": LOG_LINES_MAX},
                                     "description": f"lines per worker (default {LOG_LINES_DEFAULT})"}],
                     "responses": {**_ok("the logs, rank 0's worker first", "Logs"),
-                                  "400": _error(f"lines is not a whole number up to {LOG_LINES_MAX}"),
+                                  "400": _error(f"lines is not a whole number from 1 to {LOG_LINES_MAX}, "
+                                                "or given twice"),
                                   "401": AUTH_ERRORS["401"],
                                   "403": _error("the job is someone else's (only its owner and staff read its logs)"),
                                   "404": _error("no such job")}}},
-        "/api/replay/{command}": {"post": {
-            "summary": "pause, resume, or set the replay's speed (staff)", "security": secured,
-            "parameters": [{"name": "command", "in": "path", "required": True,
-                            "schema": {"enum": ["pause", "resume", "speed"]}}],
-            "requestBody": {"required": False, "content": {JSON: {"schema": {
-                "type": "object", "properties": {"speed": {"type": "number", "minimum": 1, "maximum": 3600}}}}}},
-            "responses": {**_ok("done", "Status"), **BAD_BODY, **AUTH_ERRORS, "404": _error("unknown command"),
-                          "409": _error("not possible on this server (a live one has no speed)"),
-                          "422": _error("a speed out of range"), "503": _error("the harvester is not running")}}},
+        **{f"/api/replay/{command}": {"post": {
+            "summary": summary, "security": secured, "requestBody": NO_BODY,
+            "responses": {**_ok("done", "Status"), **BAD_BODY, **AUTH_ERRORS,
+                          "409": _error("not possible on this server now"),
+                          "503": _error("the harvester is not running")}}}
+           for command, summary in (("pause", "pause the harvester; a replay's clock stops (staff)"),
+                                    ("resume", "resume the harvester after a pause (staff)"))},
+        "/api/replay/speed": {"post": {
+            "summary": "set the replay's speed, in simulated seconds per wall second (staff)", "security": secured,
+            "requestBody": {"required": True, "content": {JSON: {"schema": {
+                "type": "object", "required": ["speed"],
+                "properties": {"speed": {"type": "number", "minimum": SPEED_MIN, "maximum": SPEED_MAX}}}}}},
+            "responses": {**_ok("done", "Status"), **BAD_BODY, **AUTH_ERRORS,
+                          "409": _error("not possible on this server (a live one runs in wall time)"),
+                          "422": _error("no speed, or one that is not a number in range"),
+                          "503": _error("the harvester is not running")}}},
         "/api/nodes/{node}/{command}": {"post": {
             "summary": "take a node back, or give it again (staff, live mode with a static node list); "
                        "clear a Slurm node skipped after failed pilots (staff)",
@@ -174,7 +195,9 @@ def document(version: str = "1") -> dict:
             "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}},
                            {"name": "command", "in": "path", "required": True,
                             "schema": {"enum": ["reclaim", "release", "clear"]}}],
-            "responses": {**_ok("done", "NodeCommand"), **AUTH_ERRORS, "404": _error("no such node or command"),
+            "requestBody": NO_BODY,
+            "responses": {**_ok("done", "NodeCommand"), **BAD_BODY, **AUTH_ERRORS,
+                          "404": _error("no such node or command"),
                           "409": _error("this server's nodes are not operated by hand, or skip none after failures")}}},
     }
     return {"openapi": "3.1.0",

@@ -536,6 +536,64 @@ def test_staff_may_change_the_speed(app, tokens):
     assert status == 200 and body["speed"] == 120, body
 
 
+# ---- 4b. what the OpenAPI document promises (schemathesis found these; tests/test_api_fuzz.py) --
+
+def test_a_method_an_api_route_does_not_take_is_a_405_naming_the_ones_it_does(app):
+    """Dash's catch-all GET route matches every path: without the API's own routing a GET on a
+    POST-only route got the dashboard's page, and OPTIONS and 405 named GET in Allow."""
+    for method, path, allow in [("OPTIONS", "/api/token", "OPTIONS, POST"),
+                                ("OPTIONS", "/api/replay/pause", "OPTIONS, POST"),
+                                ("OPTIONS", "/api/jobs/J1", "DELETE, GET, HEAD, OPTIONS"),
+                                ("OPTIONS", "/api/jobs", "GET, HEAD, OPTIONS, POST")]:
+        status, hdrs, body = call(app, method, path)
+        assert (status, hdrs["Allow"]) == (200, allow), (method, path, status, hdrs["Allow"])
+    for method, path, allow in [("GET", "/api/token", "OPTIONS, POST"), ("GET", "/api/replay/pause", "OPTIONS, POST"),
+                                ("GET", "/api/nodes/d30n01/reclaim", "OPTIONS, POST"),
+                                ("PUT", "/api/jobs", "GET, HEAD, OPTIONS, POST")]:
+        status, hdrs, body = call(app, method, path)
+        assert (status, hdrs["Allow"]) == (405, allow), (method, path, status, body)
+        assert hdrs["Content-Type"] == "application/json" and body["error"], body
+    status, hdrs, body = call(app, "GET", "/api/no-such-route")
+    assert status == 404 and hdrs["Content-Type"] == "application/json", (status, body)
+    status, hdrs, body = call(app, "GET", "/jobs")                    # the dashboard's own pages are untouched
+    assert status == 200 and hdrs["Content-Type"].startswith("text/html"), status
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("/api/jobs?offset=2147483648", 400), ("/api/jobs?limit=%C2%B2", 400),     # "²".isdigit(): was a 500
+    ("/api/jobs?limit=%D9%A1", 400), ("/api/jobs?offset=", 400), ("/api/jobs?limit=1" + "0" * 5000, 400),
+    ("/api/jobs?state=", 422), ("/api/jobs?state=queued&state=done", 400), ("/api/jobs?owner=a&owner=b", 400),
+    ("/api/jobs?limit=5&limit=6", 400), ("/api/cluster?nodes=yes", 400), ("/api/cluster?nodes=0&nodes=1", 400),
+    ("/api/jobs/S1/logs?lines=2&lines=3", 400), ("/api/jobs/S1/logs?lines=0", 400)])
+def test_a_query_argument_the_document_does_not_allow_is_refused(app, tokens, query, expected):
+    status, body = app.get(query, token=tokens["staff1"])
+    assert status == expected and body["error"], (query, status, body)
+
+
+def test_an_offset_past_the_last_job_is_an_empty_last_page(app):
+    status, body = app.get("/api/jobs?offset=2147483647")
+    assert status == 200 and body["jobs"] == [] and body["next"] is None and body["total"] >= 2, body
+    status, body = app.get("/api/jobs?limit=0")
+    assert status == 200 and body["count"] == 0 and body["next"] is None, body   # limit 0 never gets further
+
+
+def test_a_body_the_document_refuses_is_a_400(app, tokens):
+    """Pause, resume and the node commands take no body or a JSON object (ignored); speed takes a
+    JSON object whose speed is a number: a NUL byte, a list or a string speed is refused."""
+    staff = tokens["staff1"]
+    for path, raw in [("/api/replay/pause", b"\x00"), ("/api/replay/pause", b"[]"), ("/api/replay/resume", b"1"),
+                      ("/api/replay/speed", b"\x00"), ("/api/nodes/d30n01/reclaim", b"\x00")]:
+        status, body = app.request("POST", path, raw=raw, token=staff)
+        assert status == 400 and body["error"], (path, raw, status, body)
+    assert app.get("/api/health")[1]["replay"] == "running"
+    for speed in [True, "600", None]:
+        status, body = app.request("POST", "/api/replay/speed", {"speed": speed}, token=staff)
+        assert status == 422, (speed, body)
+    status, body = app.request("POST", "/api/replay/speed", raw=b'{"speed": 1' + b"0" * 400 + b"}", token=staff)
+    assert status == 422, body          # float() of a 400-digit int overflows: was a 500
+    assert app.get("/api/cluster?nodes=0")[1]["speed"] == 120
+
+
 # ---- 5b. /metrics --------------------------------------------------------------------------
 
 def test_metrics_agree_with_the_api(app, tokens):
