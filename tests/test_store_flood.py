@@ -63,6 +63,21 @@ def _submit(app, token: str, name: str) -> str:
     return job["id"]
 
 
+def _two_jobs(tmp_path):
+    """A local harvester of 2 nodes with a job training on each: (app, attacked, other, step)."""
+    app = start_app(tmp_path, "--fresh", "--dispatch", "local", "--local-nodes", "2", "--tick", "0.1",
+                    "--no-profiler")
+    try:
+        alice = app.token("alice")
+        attacked, other = _submit(app, alice, "attacked"), _submit(app, alice, "other")
+        step = lambda jid: (app.get(f"/api/jobs/{jid}")[1].get("workers") or {}).get("committed_step") or 0
+        wait(lambda: step(attacked) > 5 and step(other) > 5, 90, "both jobs training")
+    except BaseException:
+        app.stop()
+        raise
+    return app, attacked, other, step
+
+
 def _health_within_1s(app) -> None:
     t0 = time.monotonic()
     status, health = app.get("/api/health")
@@ -73,13 +88,8 @@ def test_junk_keys_in_a_jobs_store_cost_the_harvester_nothing_and_are_removed(tm
     """100 x 8 MiB values written by a non-member, outside the job's namespace and inside it (which
     `list_keys` gives away) with no valid tag: the harvester's memory stays, the store process
     deletes them, both jobs train on, and the attacked job's events say what was removed."""
-    app = start_app(tmp_path, "--fresh", "--dispatch", "local", "--local-nodes", "2", "--tick", "0.1",
-                    "--no-profiler")
+    app, attacked, other, step = _two_jobs(tmp_path)
     try:
-        alice = app.token("alice")
-        attacked, other = _submit(app, alice, "attacked"), _submit(app, alice, "other")
-        step = lambda jid: (app.get(f"/api/jobs/{jid}")[1].get("workers") or {}).get("committed_step") or 0
-        wait(lambda: step(attacked) > 5 and step(other) > 5, 90, "both jobs training")
         host, _, port = environ_of(worker_pid(attacked, "local-0") or worker_pid(attacked, "local-1"))[
             "HARVEST_STORE"].rpartition(":")
         rss0, before = _rss_mb(app.proc.pid), (step(attacked), step(other))
@@ -109,13 +119,8 @@ def test_a_jobs_store_that_dies_is_started_again_and_the_job_resumes_from_its_ch
     """The store process killed (as its limits would end it): the job's workers are stopped and
     started again on the same node with a new store, from the job's checkpoint, said in its
     events; the other job never notices."""
-    app = start_app(tmp_path, "--fresh", "--dispatch", "local", "--local-nodes", "2", "--tick", "0.1",
-                    "--no-profiler")
+    app, attacked, other, step = _two_jobs(tmp_path)
     try:
-        alice = app.token("alice")
-        attacked, other = _submit(app, alice, "attacked"), _submit(app, alice, "other")
-        step = lambda jid: (app.get(f"/api/jobs/{jid}")[1].get("workers") or {}).get("committed_step") or 0
-        wait(lambda: step(attacked) > 5 and step(other) > 5, 90, "both jobs training")
         store = lambda: environ_of(worker_pid(attacked, "local-0") or worker_pid(attacked, "local-1"))["HARVEST_STORE"]
         first = store()
         os.kill(_listener(int(first.rpartition(":")[2])), signal.SIGKILL)
