@@ -42,6 +42,7 @@ from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
+from ..transports.cleanup import ENV_MARK, new_mark
 from ..transports.runas import RunAs
 from . import adoption
 from .base import Dispatcher
@@ -362,13 +363,16 @@ class WorkerDispatcher(Dispatcher):
     def launch(self, job: Job, node: NodeSpec, env: dict[str, str], log_path: str) -> Handle:
         """Start one of `job`'s workers on `node`. A job that runs as its owner's account gets the
         site's launcher before its argv and its checkpoint directory given to that account first;
-        the harvester's own files stay out of its reach (see README, Accounts)."""
+        the harvester's own files stay out of its reach (see README, Accounts). Its mark is made
+        here, so that the launcher keeps it (sudo resets the environment) and a stop finds every
+        process the job starts."""
         argv = list(job.command)
         if job.run_as:
             if self.run_as is None:
                 raise StartError(node.name, f"the job runs as {job.run_as!r}, and this harvester has no launcher "
                                             "for other accounts (run_as)")
             self.transport.give_dir(node, str(checkpoint_dir(self.logdir, job.id)), job.run_as)
+            env = {**env, ENV_MARK: new_mark()}
             argv = self.run_as.argv(job.run_as, env, argv)
         return self.transport.start(node, argv, env, self.workdir, log_path)
 

@@ -9,7 +9,12 @@ only way the harvester uses that node, so whatever Slurm does to the pilot happe
      one per rank of its node, each with the job's SLURM_* and the GPUs Slurm bound to the
      pilot (CUDA_VISIBLE_DEVICES and the like: DEVICE_ENV).
      Each worker is SIGKILLed by the kernel if the pilot dies first (PR_SET_PDEATHSIG), so Slurm,
-     which tracks a job's processes by parentage, can never lose one.
+     which tracks a job's processes by parentage, can never lose one. What a worker daemonises
+     (setsid, a double fork) is found by its mark (HARVEST_WORKER, core/transports/cleanup.py)
+     and ended with it: never a cgroup of ours, which would take it out of Slurm's. Slurm's own
+     cleanup at the pilot's end does not find it under proctrack/linuxproc (measured on 22.05
+     and 24.11: an orphan is reparented out of the job's tree, and nothing is killed once the
+     batch script has exited); proctrack/cgroup would (not measured here).
   3. On SIGTERM (Slurm preempts the pilot, or its time limit is up) it tells the hub `leaving`
      before anything else, stops its workers (SIGTERM, SIGKILL after the grace) and exits, which
      gives the node back.
@@ -33,6 +38,7 @@ import time
 from typing import Optional
 
 from ..transports.base import DEVICE_ENV, Handle, NodeSpec, StartError
+from ..transports.cleanup import ENVIRON
 from ..transports.local import LocalTransport
 from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN, HELLO, KILL, LEAVING,
                    START, STOP, TAIL, WELCOME, Wire, WrongCertificate, dial)
@@ -56,7 +62,8 @@ class Pilot:
         self.job = job
         self.grace_s = grace_s
         self.hub, self.sha256, self.token, self.orphan_s = hub, sha256, token, orphan_s
-        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",), inherit=DEVICE_ENV)
+        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",), inherit=DEVICE_ENV,
+                                        cleanup=ENVIRON)
         self.handles: dict[tuple[int, str], Handle] = {}
         self.owners: dict[tuple[int, str], dict] = {}    # whose worker each is (WORKER_ENV)
         self.welcomed = False         # the hub accepted the current connection's hello

@@ -9,8 +9,10 @@ controller started later (or by another transport instance) to poll or stop the 
 
 Process model, identical in both backends: the worker is the leader of its own session and
 process group (PID == PGID == SID), stdin is /dev/null, stdout and stderr go to `log_path`.
-`stop` and `kill` signal the whole group, so children the worker forked go with it (children
-that call setsid() themselves escape; the worker runtime must not do that).
+`stop` and `kill` signal the whole group, so children the worker forked go with it, and they
+end every other process the worker started too (one that called setsid(), or a double-forked
+daemon): a cgroup per worker where the node allows one, else the processes its mark
+(HARVEST_WORKER in their environment) names (core/transports/cleanup.py).
 """
 from __future__ import annotations
 
@@ -68,12 +70,15 @@ class Handle:
     """A started worker. `pid` is also its process group and session id. `token` is the
     process start time (field 22 of /proc/PID/stat): a PID that was reused by an unrelated
     process has another start time, so it is never signalled (empty when the worker had
-    already exited by the time it was read). Frozen and hashable: usable as a dict key."""
+    already exited by the time it was read). `mark` names its cgroup and is HARVEST_WORKER in
+    the environment of everything it starts ('' where the transport keeps none: a stop then
+    reaches its process group only). Frozen and hashable: usable as a dict key."""
     node: NodeSpec
     pid: int
     token: str
     log_path: str
     started_at: float  # wall clock (time.time()) when start() returned
+    mark: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,7 +86,7 @@ class Handle:
     @classmethod
     def from_dict(cls, d: Mapping) -> "Handle":
         return cls(node=NodeSpec(**d["node"]), pid=int(d["pid"]), token=str(d["token"]),
-                   log_path=str(d["log_path"]), started_at=float(d["started_at"]))
+                   log_path=str(d["log_path"]), started_at=float(d["started_at"]), mark=str(d.get("mark", "")))
 
 
 def check_start_args(node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
@@ -127,13 +132,20 @@ class Transport(ABC):
         the caller's cwd; a relative one is relative to those), with `env` added to the node's
         normal environment (locally: only `inherited_env` of the caller's, never its secrets),
         stdout+stderr truncated into `log_path` (absolute; its directory is
-        created). Returns as soon as the PID is
+        created). `env` may carry the worker's mark (HARVEST_WORKER, cleanup.new_mark(): a
+        caller whose launcher resets the environment, sudo, must list it to keep it); without
+        one the transport makes one. Returns as soon as the PID is
         known. Raises StartError when the command or workdir does not exist, TransportError
         when the node cannot be reached, ValueError for arguments exec() cannot carry."""
 
     def host_of(self, node: NodeSpec) -> Optional[str]:
         """The host a worker for `node` runs on, as this host would name it; None: not known."""
         return None
+
+    def cleanup_of(self, node: NodeSpec) -> str:
+        """How a stop ends every process of a worker on `node` (cleanup.CGROUP2, CGROUP1,
+        ENVIRON or NONE); '' while not known (no worker started there yet, or not said)."""
+        return ""
 
     def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
         """Create directory `path` on the node (with its parents) owned by Unix account `user`
