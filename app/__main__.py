@@ -3,6 +3,10 @@
 One process: the Dash app and its API under waitress, and the APScheduler thread that drives
 the controller (so the scheduler is never duplicated by server workers). With a store that
 already holds a run, that run continues (after a crash too); --fresh starts over.
+
+The engine (core.assemble: torch, PuLP), the web app (Dash, Plotly) and the accounts are imported
+in main() once the command line is parsed, so `--help` and a bad flag answer at once
+(tests/test_app_startup.py checks what `--help` imports).
 """
 from __future__ import annotations
 
@@ -17,13 +21,11 @@ from pathlib import Path
 from typing import Optional
 
 from core.admission import DEFAULT_USER_MAX_JOBS
-from core.assemble import build
 from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
 from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
 
 from . import slurm_options
-from .auth import Users, stored_key
 from .webconfig import WebConfig
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
@@ -260,6 +262,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .check import main as check
         return check(argv[1:])
     args = build_parser().parse_args(argv)
+    from core.assemble import build
+
+    from .auth import Users, stored_key
     raise_descriptor_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)

@@ -1,6 +1,6 @@
 """How long one allocation takes at Summit scale, and what BFTrainer's node-level model costs.
 
-    python -m bench.allocator [--json] [--repeats 20] [--node-level-limit 60]
+    python -m bench.allocator [--json] [--repeats 20] [--node-level-limit 60] [--quick]
 
 For each size (jobs x idle nodes) it draws `--repeats` seeded instances: curves, bounds and
 rescale costs from data/jobs-imagenet-1001.csv, Summit-style node names (a01n01, 18 nodes a
@@ -13,6 +13,9 @@ It times the allocate() call (build + solve + mapping) for
   that the objective matches the default's;
 - BFTrainer's node-level MILP (core.policies.node_level) through CBC with a time limit, on a
   few instances, going up the sizes only while every solve finished optimally.
+
+`--quick` (2 instances a size, 1 through HiGHS and CBC, CBC limited to 3 s; ~10 s) checks that
+every solver still runs and agrees (tests/test_bench_quick.py), not how fast.
 
 A readable table goes to stdout, progress to stderr; with --json the last stdout line is
 {"sizes": [{"jobs", "nodes", "p50_ms", "p95_ms", "highs_p50_ms", "node_level_p50_ms"}, ...]}.
@@ -188,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-level-repeats", type=int, default=3,
                     help="instances per size for the node-level MILP (0: skip it)")
     ap.add_argument("--node-level-limit", type=float, default=60.0, help="CBC time limit, seconds")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 instances a size, 1 through HiGHS and CBC (limit 3 s): does every solver run and agree")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.highs_repeats, args.node_level_repeats, args.node_level_limit = 2, 1, 1, 3.0
     results = run(args.repeats, min(args.highs_repeats, args.repeats),
                   min(args.node_level_repeats, args.repeats), args.node_level_limit)
     print(table(results))

@@ -4,7 +4,10 @@ knows each job's true curve (oracle), assumes every job scales linearly from its
 the curves as the jobs run (JPA: curves hidden, measured with noise by the simulated profiler).
 
     python -m bench.jpa [--json] [--poor-fraction F] [--seed S] [--seeds K] [--hours H]
-                        [--start ISO] [--nodes N] [--ablation] [--parallel P] [--tfwd S|auto]
+                        [--start ISO] [--nodes N] [--ablation] [--parallel P] [--tfwd S|auto] [--quick]
+
+`--quick` (a 2-hour window, ~10 s) checks that every run still works (tests/test_bench_quick.py);
+its ratios say nothing about the goals.
 
 Two workloads: `imagenet` (jobs-imagenet-1001.csv as measured; its curves are all close to
 linear, so knowing them barely matters) and `mixed` (the same jobs with a fraction F replaced,
@@ -73,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true", help="also JPA without its same-name priors")
     ap.add_argument("--parallel", type=int, default=2, help="replays at once (default 2)")
     ap.add_argument("--seeds", type=int, default=1, help="repeat for this many seeds from --seed (default 1)")
+    ap.add_argument("--quick", action="store_true", help="a 2-hour window (--hours 2): does every run still work")
     ap.add_argument("--tfwd", type=tfwd_arg, default=10.0,
                     help="T_fwd of every run, seconds or auto (learned horizon; default 10)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.hours = 2.0
     if not 0 <= args.poor_fraction <= 1 or args.hours <= 0 or args.parallel < 1:
         ap.error("--poor-fraction must be in [0, 1], --hours and --parallel positive")
 

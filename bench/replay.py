@@ -3,6 +3,8 @@ set under each policy, each run in its own process so wall time and peak memory 
 
     python -m bench.replay [--json] [--hours H] [--quick]
 
+`--quick --hours 24` (four one-day replays, ~10 s) is what tests/test_bench_quick.py runs.
+
 milp runs twice to show the summary is reproducible. Over the whole trace every job finishes
 under every policy, so samples tie; the table also shows when the last job finished and the
 mean job completion time, and a 72-hour window in which jobs are still running at the end,
@@ -34,13 +36,18 @@ def run(args: list[str], cwd: Path = ROOT) -> dict:
     return out
 
 
+def ratio(a: float, b: float, fmt: str = "{}") -> str:
+    """a / b, or "-" where b processed nothing (a window that ends before the first job runs)."""
+    return fmt.format(a / b) if b else "-"
+
+
 def table(rows: list[tuple[str, dict]], base: dict) -> str:
     head = ["run", "samples", "vs even", "all done (h)", "mean JCT (h)", "harvest %",
             "rescales", "preempt", "solve p50/p95 ms", "wall s", "RSS MB"]
     lines = [head]
     for name, s in rows:
         lines.append([
-            name, f"{s['samples']:.4g}", f"{s['samples'] / base['samples']:.4f}",
+            name, f"{s['samples']:.4g}", ratio(s["samples"], base["samples"], "{:.4f}"),
             "-" if s["makespan_hours"] is None else f"{s['makespan_hours']:.1f}",
             "-" if s["mean_jct_hours"] is None else f"{s['mean_jct_hours']:.2f}",
             f"{s['harvest_pct']:.2f}", str(s["rescales"]), str(s["preemptions"]),
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"milp summary identical on the second run: {same}")
     out = {"window": {k: first[k] for k in ("start", "end", "simulated_hours", "nodes", "events")},
            "runs": {name: s for name, s in results}, "reproducible": same,
-           "milp_vs_even_samples": by["milp"]["samples"] / by["even"]["samples"]}
+           "milp_vs_even_samples": by["milp"]["samples"] / by["even"]["samples"] if by["even"]["samples"] else None}
     if not args.quick and not args.hours:
         short = []
         for name, extra in [("milp", ["--policy", "milp", *fixed]), ("even", ["--policy", "even", *fixed]),

@@ -1,7 +1,7 @@
 """Rescale latency of a real elastic job on this machine: the product's in-place regroup against
 the stop-checkpoint-relaunch baseline (what torchrun-style elastic training does).
 
-    python -m bench.rescale [--json] [--repeats 10] [--transport local,ssh] [--slots 1]
+    python -m bench.rescale [--json] [--repeats 10] [--transport local,ssh] [--slots 1] [--quick]
 
 For each transport (local processes on local-0..3; ssh to node0..node3 through a loopback sshd
 that the bench starts in a temporary directory and stops at the end; `--slots N`: N ranks per
@@ -29,6 +29,9 @@ at every sync (checksums), the coordinator counts no lost samples, at the end th
 and samples_done = committed steps x global batch = the step of the checkpoint written when the
 workers leave, and afterwards no process with HARVEST_JOB=<job id> in its environment is alive
 (/proc), checked before sshd's own cleanup could hide a leak.
+
+`--quick` (one of each rescale; local and torchrun ~30 s) runs every check above once
+(tests/test_bench_quick.py); its latencies are single samples.
 
 A table goes to stdout, progress to stderr; with --json the last stdout line is
 {"local": {"grow_ms_p50", "grow_ms_p95", "shrink_ms_p50", "shrink_ms_p95", "cold_grow_ms_p50",
@@ -503,7 +506,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="local, ssh (the runtime's regroups) and torchrun (an unmodified script, "
                          "restarted from its checkpoint, on local nodes)")
     ap.add_argument("--slots", type=int, default=1, help="ranks (worker processes) per node")
+    ap.add_argument("--quick", action="store_true",
+                    help="one of each rescale (--repeats 1 --baseline-repeats 1): does every path still work")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.baseline_repeats = 1, 1
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     if not 1 <= args.slots <= 16:

@@ -1,7 +1,7 @@
 """Giving nodes back to a real Slurm: how fast the harvester gets off the nodes a main job needs.
 
     python -m bench.slurm [--json] [--repeats 20] [--nodes 8] [--main-nodes 4] [--slots 1]
-                          [--dispatch pilot|simulated] [--grace S] [--keep DIR] [--slurm 22.05|24.11]
+                          [--dispatch pilot|simulated] [--grace S] [--keep DIR] [--slurm 22.05|24.11] [--quick]
 
 Starts the test Slurm (tests/support/slurm.py: munged, slurmctld, N slurmd on loopback, a preemptible
 `scavenger` partition with GraceTime=0; the host's 22.05 or, `--slurm 24.11`, Debian 13's in a
@@ -25,6 +25,8 @@ slurmctld's own scheduling loop, which preempts once a second; per preempted nod
 split into Slurm's part (submission -> the pilot's SIGTERM, as the pilot reports it) and the
 harvester's (SIGTERM -> leave handled, -> vacated). Between rounds the job grows back to every
 node (with real workers, a cold start each). `--keep DIR` keeps Slurm's logs and the pilots'.
+`--quick` (2 main jobs of 1 node on 2 nodes, ~30 s) checks that every step still works
+(tests/test_bench_quick.py), not how fast.
 A table goes to stdout, progress to stderr; with --json the last stdout line has vacate_ms_p50,
 vacate_ms_p95, main_start_ms_p50 and the other figures.
 """
@@ -188,7 +190,11 @@ def main(argv=None) -> int:
                     help=f"the Slurm version (default {HOST_VERSION}, the host's; others run in a chroot)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="run in this new folder and keep it (Slurm's logs, the pilots' output, the store)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 main jobs of 1 node on 2 harvested nodes: does every step still work")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.nodes, args.main_nodes = 2, 2, 1
     if not 1 <= args.main_nodes <= args.nodes:
         ap.error("--main-nodes must be between 1 and --nodes")
     if not 1 <= args.slots <= 64:

@@ -4,7 +4,9 @@ time until the worker process is gone and until the job's first step without it.
 transports run their workers on this machine (ssh through a loopback sshd), so "gone" is read
 from /proc every 2 ms for either, not through a round trip of the transport.
 
-    python -m bench.vacate [--json] [--repeats 10] [--transport local,ssh]
+    python -m bench.vacate [--json] [--repeats 10] [--transport local,ssh] [--quick]
+
+`--quick` (2 vacates per transport, ~20 s) checks that the path still works, not how fast.
 """
 from __future__ import annotations
 
@@ -105,7 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--transport", default="local,ssh")
+    ap.add_argument("--quick", action="store_true", help="2 vacates per transport (--repeats 2)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats = 2
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench-vacate-") as tmp:
         for kind in args.transport.split(","):

@@ -1,0 +1,39 @@
+"""`python -m app --help` answers without loading the engine or the web app (issue 50): torch,
+PuLP, Dash and Plotly take seconds to import and none of them is needed to print the options.
+Checked by what the process imports (python -X importtime lists every module), not by timing."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.procs import ROOT
+
+#: each of these alone costs 0.1-1.2 s to import; --help needs none of them
+HEAVY = ("torch", "dash", "plotly", "pulp", "flask", "werkzeug", "waitress", "apscheduler", "optuna")
+
+
+def imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `python -X importtime -m app ARGS`; the top-level packages it imported."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "app", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    names = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in r.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line}
+    return r, names
+
+
+def test_help_imports_no_heavy_package():
+    r, names = imported("--help")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "torch" in HEAVY and "core" in names and "app" in names     # the listing is read right
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))
+    for option in ("--dispatch", "--policy", "--secure-cookies", "--slurm-partition", "--user-max-jobs"):
+        assert option in r.stdout
+
+
+@pytest.mark.parametrize("args", [["--no-such-flag"], ["--policy", "nonsense"]])
+def test_a_bad_flag_is_refused_before_the_engine_loads(args: list[str]):
+    r, names = imported(*args)
+    assert r.returncode == 2 and "error:" in r.stderr
+    assert not names & set(HEAVY), sorted(names & set(HEAVY))

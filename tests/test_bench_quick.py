@@ -1,0 +1,66 @@
+"""Every benchmark of `make bench` in its quick mode (issue 50): each runs end to end and reports
+what its table is about, so a change elsewhere cannot break `make bench` without a test failing.
+These check that the benches work, not how fast anything is (bench.dashboard has its own file,
+tests/test_bench_dashboard.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.support.procs import run_module
+
+
+def last_json(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_allocator_every_size_solved_and_highs_agrees():
+    """The bench itself raises if HiGHS or CBC disagrees with the default policy's objective."""
+    out = last_json(run_module("bench.allocator", "--quick", "--json", timeout=300))
+    assert [(s["jobs"], s["nodes"]) for s in out["sizes"]][-1] == (100, 4734)
+    for s in out["sizes"]:
+        assert 0 < s["p50_ms"] <= s["p95_ms"] and s["highs_p50_ms"] > 0
+    assert out["sizes"][0]["node_level_p50_ms"] is not None       # CBC solves the smallest size in time
+
+
+def test_replay_one_day_under_each_policy_is_reproducible():
+    out = last_json(run_module("bench.replay", "--quick", "--hours", "24", "--json", timeout=300))
+    assert set(out["runs"]) == {"milp", "milp (again)", "even", "greedy"}
+    assert out["reproducible"] and out["window"]["nodes"] == 4734 and out["window"]["simulated_hours"] == 24.0
+    assert all(r["samples"] > 0 for r in out["runs"].values()) and out["milp_vs_even_samples"] > 0
+
+
+def test_replay_window_before_any_job_ran_prints_no_ratio():
+    """A window in which no policy processed a sample (the jobs had not started) is no crash."""
+    out = last_json(run_module("bench.replay", "--quick", "--hours", "1", "--json", timeout=300))
+    assert out["milp_vs_even_samples"] is None and out["runs"]["even"]["samples"] == 0
+
+
+def test_rescale_local_and_torchrun_once_each():
+    out = last_json(run_module("bench.rescale", "--quick", "--transport", "local,torchrun", "--json", timeout=300))
+    local, torchrun = out["local"], out["torchrun"]
+    assert local["grow_n"] == local["shrink_n"] == local["relaunch_grow_n"] == 1
+    assert local["samples_exact"] and local["steps_continuous"] and local["checksums_equal"]
+    assert local["leftover_processes"] == torchrun["leftover_processes"] == 0
+    assert torchrun["restart_grow_n"] == 1
+
+
+def test_vacate_local_and_ssh():
+    out = last_json(run_module("bench.vacate", "--quick", "--json", timeout=300))
+    for kind in ("local", "ssh"):
+        assert out[kind]["vacate_n"] == 2 and out[kind]["vacate_ms_p50"] > 0, out
+
+
+def test_slurm_gives_nodes_back_to_a_real_slurm():
+    out = last_json(run_module("bench.slurm", "--quick", "--json", timeout=300))
+    assert out["rounds"] == 2 and out["nodes"] == 2 and out["main_nodes"] == 1 and out["dispatch"] == "pilot"
+    assert 0 < out["leave_ms_p50"] <= out["vacate_ms_p50"] and out["main_start_ms_p50"] > 0
+
+
+def test_jpa_every_policy_on_both_workloads():
+    out = last_json(run_module("bench.jpa", "--quick", "--json", timeout=300))
+    for workload in ("imagenet", "mixed"):
+        assert set(out[workload]) == {"oracle", "noinfo", "even", "jpa"}
+        assert all(v > 0 for v in out[workload].values())
+        assert out["ratios"][workload]["jpa_vs_oracle"] > 0
