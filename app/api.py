@@ -17,6 +17,7 @@ model as the web form.
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
     POST   /api/nodes/<name>/clear         staff only, Slurm source: a node skipped after failed pilots gets one again
     POST   /api/workers/<job>/report           a job's workers, with the job's own token
+    GET    /api/usage[.csv]    staff: node-seconds, GPU-seconds and samples [?from=&to=&by=owner|job|account]
 
 A method an /api/ route does not take is a 405 whose Allow lists the ones it does (Dash's
 catch-all page route would otherwise answer GET on every path); a path under /api/ that is no
@@ -24,6 +25,10 @@ route is a JSON 404; a documented query argument given twice, or out of its rang
 """
 from __future__ import annotations
 
+import csv
+import io
+import math
+from datetime import datetime, timezone
 from typing import Callable, Optional
 from urllib.parse import urlencode
 
@@ -36,14 +41,15 @@ from werkzeug.routing import Map, RequestRedirect, Rule
 from core.explain import horizon_of, why
 from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
-from core.service import Unsupported
+from core.service import USAGE_BY, Unsupported
 from core.settings import SPEED_MAX, SPEED_MIN
 from core.snapshot import BUSY, HELD
 
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
-from .openapi import LOG_LINES_DEFAULT, LOG_LINES_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX, document as api_document
+from .openapi import (EPOCH_MAX, EPOCH_MIN, LOG_LINES_DEFAULT, LOG_LINES_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX,
+                      document as api_document)
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -410,3 +416,74 @@ def node(node, command):
     except KeyError:
         return _err(404, f"no node {node}")
     return jsonify({"node": node, "command": command})
+
+
+def _time_arg(name: str) -> Optional[float]:
+    """`from`/`to`: epoch seconds, or an ISO 8601 date-time (UTC when it names no zone)."""
+    text = _arg(name)
+    if text is None:
+        return None
+    try:
+        t = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise BadQuery(f"{name}: give epoch seconds or an ISO 8601 date-time such as 2021-02-10T00:00:00Z, "
+                           f"not {text[:40]!r}") from None
+        t = (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+    if not (math.isfinite(t) and EPOCH_MIN <= t <= EPOCH_MAX):
+        raise BadQuery(f"{name}: give a time from year 1 to 9999, not {text[:40]!r}")
+    return t
+
+
+def _usage_report(series: bool = False):
+    """The usage report the query asks for: (report, None) or (None, error response)."""
+    refused = _not_staff("read usage")
+    if refused:
+        return None, refused
+    start, end, by = _time_arg("from"), _time_arg("to"), _arg("by") or "owner"
+    if by not in USAGE_BY:
+        raise BadQuery(f"by: give one of {', '.join(USAGE_BY)}, not {by[:40]!r}")
+    if start is not None and end is not None and end <= start:
+        raise BadQuery("to: give a time after from")
+    return context.harvester.usage(start, end, by, context.users.accounts(), series=series), None
+
+
+@bp.get("/usage")
+def usage():
+    """Node-seconds, GPU-seconds and samples per owner, job or account, from the store's history."""
+    rep, refused = _usage_report()
+    return refused or jsonify(rep.to_dict())
+
+
+def _cell(text: Optional[str]) -> str:
+    """A text cell a spreadsheet shows as text: a job's name or an owner starting with = + - @
+    would otherwise run as a formula."""
+    if text is None:
+        return ""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+USAGE_COLUMNS = ("jobs", "node_seconds", "gpu_seconds", "node_hours", "samples", "idle_share")
+
+
+@bp.get("/usage.csv")
+def usage_csv():
+    """The same report as CSV, a line per row and a last line `total`, for a spreadsheet."""
+    rep, refused = _usage_report()
+    if refused:
+        return refused
+    body = rep.to_dict()
+    keys = {"owner": ("owner", "account"), "job": ("job", "name", "owner", "account"), "account": ("account",)}[rep.by]
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([*keys, *USAGE_COLUMNS])
+    for row in body["rows"]:
+        w.writerow([*(_cell(row.get(k)) for k in keys),
+                    *("" if row[c] is None else row[c] for c in USAGE_COLUMNS)])
+    total = body["total"]
+    w.writerow(["total", *[""] * (len(keys) - 1), *("" if total[c] is None else total[c] for c in USAGE_COLUMNS)])
+    resp = flask.Response(out.getvalue(), mimetype="text/csv")
+    resp.headers["Content-Disposition"] = f'attachment; filename="usage-by-{rep.by}.csv"'
+    return resp

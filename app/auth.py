@@ -30,6 +30,7 @@ from core.privatefiles import link_private, write_private
 from core.settings import UNIX_NAME
 
 ROLES = ("staff", "user")
+ACCOUNT_MAX = 64              # characters of a user's account/project name
 TOKEN_TTL_S = 7 * 24 * 3600
 MIN_KEY_CHARS = 32
 RELOAD_CHECK_S = 1.0          # how often a users file is looked at for changes
@@ -43,6 +44,7 @@ class User:
     role: str
     password_hash: str
     unix: str = ""          # the Unix account this login's jobs run as, where the site maps them
+    account: str = ""       # the account or project their usage is reported under (GET /api/usage?by=account)
 
     @property
     def is_staff(self) -> bool:
@@ -103,7 +105,11 @@ class Users:
             if not isinstance(unix, str) or (unix and not UNIX_NAME.match(unix)):
                 raise ValueError(f"{source}: user {name}: unix must be a Unix account name (lower case, "
                                  f"at most 32 characters), not {unix!r}")
-            users[name] = User(name, role, ph, unix)
+            account = row.get("account") or ""
+            if not isinstance(account, str) or not account.isprintable() or len(account) > ACCOUNT_MAX:
+                raise ValueError(f"{source}: user {name}: account must be printable text of at most {ACCOUNT_MAX} "
+                                 f"characters, not {account!r}")
+            users[name] = User(name, role, ph, unix, account.strip())
         return cls(users, source)
 
     @classmethod
@@ -138,6 +144,11 @@ class Users:
             check_password_hash(_DUMMY_HASH, password or "")   # same time whether or not the name exists
             return None
         return user if check_password_hash(user.password_hash, password or "") else None
+
+    def accounts(self) -> dict[str, str]:
+        """Each user's account or project, as the users file says now (those with one)."""
+        self._refresh()
+        return {u.name: u.account for u in self.users.values() if u.account}
 
     def get(self, name: Optional[str]) -> Optional[User]:
         self._refresh()

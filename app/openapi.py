@@ -7,11 +7,13 @@ from typing import Any
 
 from core.model import JobState
 from core.schemas import JobSpec
+from core.service import USAGE_BY
 from core.settings import SPEED_MAX, SPEED_MIN
 
 PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
 OFFSET_MAX = 2**31 - 1                    # GET /api/jobs: the largest offset (past the last job: an empty page)
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 40, 500  # GET /api/jobs/<id>/logs: lines per worker by default, at most
+EPOCH_MIN, EPOCH_MAX = -62135596800, 253402300799   # GET /api/usage: from/to, year 1 to 9999 in epoch seconds
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -109,7 +111,39 @@ def document(version: str = "1") -> dict:
         "Cluster": {"type": "object", "required": ["kpis"],
                     "properties": {"kpis": {"type": "object"}, "nodes": {"type": "array"}}},
         "Status": {"type": "object"},
+        "UsageTotals": {"type": "object",
+                        "required": ["jobs", "node_seconds", "gpu_seconds", "node_hours", "samples", "idle_share"],
+                        "properties": {"jobs": {"type": "integer"}, "node_seconds": {"type": "number"},
+                                       "gpu_seconds": {"type": "number"}, "node_hours": {"type": "number"},
+                                       "samples": {"type": "number"},
+                                       "idle_node_seconds": {"type": "number",
+                                                             "description": "total only: node-seconds idle in the window"},
+                                       "idle_share": {"type": ["number", "null"],
+                                                      "description": "of the idle node-seconds in the window "
+                                                                     "(null: none were idle)"},
+                                       "owner": {"type": "string"}, "job": {"type": "string"},
+                                       "name": {"type": "string"},
+                                       "account": {"type": ["string", "null"],
+                                                   "description": "the users file's account of the owner, "
+                                                                  "as it is now (null: none)"}}},
+        "Usage": {"type": "object", "required": ["from", "to", "by", "rows", "total"],
+                  "properties": {"from": {"type": "number"}, "to": {"type": "number",
+                                                                    "description": "at most the last save"},
+                                 "by": {"enum": list(USAGE_BY)},
+                                 "rows": {"type": "array", "items": {"$ref": REF.format(model="UsageTotals")}},
+                                 "total": {"$ref": REF.format(model="UsageTotals")}}},
     }
+    when = {"anyOf": [{"type": "number", "minimum": EPOCH_MIN, "maximum": EPOCH_MAX},
+                      {"type": "string", "format": "date-time"}]}
+    usage_params = [
+        {"name": "from", "in": "query", "schema": when,
+         "description": "epoch seconds or ISO 8601 (UTC without a zone); default: the first record"},
+        {"name": "to", "in": "query", "schema": when,
+         "description": "after from; default, and at most: the store's last save"},
+        {"name": "by", "in": "query", "schema": {"enum": list(USAGE_BY)}, "description": "default owner"}]
+    usage_errors = {"400": _error("from or to is not a time, to is not after from, by is not one of its values, or "
+                                  "a parameter is given twice"),
+                    "401": AUTH_ERRORS["401"], "403": _error("only staff read usage")}
     paths = {
         "/api/token": {"post": {
             "summary": "a bearer token for a user (7 days, or until the password changes)",
@@ -188,6 +222,17 @@ def document(version: str = "1") -> dict:
                           "409": _error("not possible on this server (a live one runs in wall time)"),
                           "422": _error("no speed, or one that is not a number in range"),
                           "503": _error("the harvester is not running")}}},
+        "/api/usage": {"get": {
+            "summary": "node-seconds, GPU-seconds and samples per owner, job or account (staff)",
+            "description": "From the store's history: a node counts for a job from the allocation that added it to "
+                           "the one that removed it (shrink, reclaim, end). Rows with usage in the window only.",
+            "security": secured, "parameters": usage_params,
+            "responses": {**_ok("the report", "Usage"), **usage_errors}}},
+        "/api/usage.csv": {"get": {
+            "summary": "the same report as CSV, a line per row and a last line `total` (staff)",
+            "security": secured, "parameters": usage_params,
+            "responses": {"200": {"description": "the report", "content": {"text/csv": {"schema": {"type": "string"}}}},
+                          **usage_errors}}},
         "/api/nodes/{node}/{command}": {"post": {
             "summary": "take a node back, or give it again (staff, live mode with a static node list); "
                        "clear a Slurm node skipped after failed pilots (staff)",

@@ -1,5 +1,6 @@
 """Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`
-(`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`).
+(`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`;
+`--account NAME`: the account or project their usage is reported under, `GET /api/usage?by=account`).
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
 its hash is written. A running server re-reads the file within a second: `passwd` revokes the
@@ -19,7 +20,7 @@ from werkzeug.security import generate_password_hash
 from core.privatefiles import write_private
 from core.settings import UNIX_NAME
 
-from .auth import ROLES, Users
+from .auth import ACCOUNT_MAX, ROLES, Users
 
 MIN_PASSWORD = 8
 
@@ -61,9 +62,16 @@ def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
         raise Refusal("the name must be printable text")
     if args.unix and not UNIX_NAME.match(args.unix):
         raise Refusal(f"--unix: {args.unix!r} is not a Unix account name (lower case, at most 32 characters)")
+    account = args.account.strip()
+    if not account.isprintable() or len(account) > ACCOUNT_MAX:
+        raise Refusal(f"--account: give printable text of at most {ACCOUNT_MAX} characters")
     row = {"name": args.name, "role": args.role,
            "password_hash": generate_password_hash(read_password(args.password_stdin))}
-    return others + [{**row, "unix": args.unix} if args.unix else row]
+    if args.unix:
+        row["unix"] = args.unix
+    if account:
+        row["account"] = account
+    return others + [row]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -74,6 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     add.add_argument("--unix", default="", metavar="ACCOUNT",
                      help="the Unix account this user's jobs run as (with python -m app --run-as); add "
                           "replaces the user's entry, so leaving it out removes a mapping")
+    add.add_argument("--account", default="", metavar="NAME",
+                     help="the account or project this user's usage is reported under (GET /api/usage?by=account)")
     pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
     for p in (add, pw, rm):

@@ -388,3 +388,51 @@ class Store:
 
     def close(self) -> None:
         self.db.conn.close()
+
+
+class UsageHistory:
+    """The history usage is computed from (core/usage.py), through a read-only connection of its
+    own (reports never hold up the writer's flushes), read in one transaction: every table as of
+    the same flush."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._conn: Optional[sqlite3.Connection] = None
+        self.lock = threading.Lock()
+
+    def read(self) -> Optional[dict]:
+        """{"changes": [(time, job, added, removed)] in the order made, "progress": [(time, job,
+        samples_done)], "jobs": [(id, name, owner, samples_done, end_time)], "timeline": [(time,
+        idle)] in time order, "until": the clock at the last flush}; None while the store is being
+        created or reset."""
+        with self.lock:
+            try:
+                if self._conn is None:
+                    self._conn = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro", uri=True,
+                                                 check_same_thread=False, isolation_level=None)
+                conn = self._conn
+                conn.execute("BEGIN")
+                try:
+                    changes = conn.execute("select time, job, added, removed from allocations order by id").fetchall()
+                    progress = conn.execute("select time, job, samples_done from throughput "
+                                            "where samples_done is not null order by id").fetchall()
+                    jobs = conn.execute("select id, coalesce(name, ''), coalesce(owner, ''), "
+                                        "coalesce(samples_done, 0), end_time from jobs order by rowid").fetchall()
+                    timeline = conn.execute("select time, idle from timeline order by time").fetchall()
+                    clock = conn.execute("select value from meta where key = 'clock'").fetchone()
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.OperationalError:
+                return None
+        try:
+            until = float(json.loads(clock[0])) if clock else None
+        except (ValueError, TypeError):
+            until = None
+        return {"changes": [(t, job, json.loads(a or "[]"), json.loads(r or "[]")) for t, job, a, r in changes],
+                "progress": progress, "jobs": jobs, "timeline": timeline, "until": until}
+
+    def close(self) -> None:
+        with self.lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -23,12 +23,13 @@ EXAMPLES = 60
 OPERATIONS = ["POST /api/token", "GET /api/health", "GET /api/cluster", "GET /api/jobs", "POST /api/jobs",
               "GET /api/jobs/{job_id}", "DELETE /api/jobs/{job_id}", "GET /api/jobs/{job_id}/logs",
               "POST /api/replay/pause", "POST /api/replay/resume", "POST /api/replay/speed",
-              "POST /api/nodes/{node}/{command}"]
+              "POST /api/nodes/{node}/{command}", "GET /api/usage", "GET /api/usage.csv"]
 #: The run's settings: every check is on (schemathesis's default; `--checks all` on its command
 #: line would also override the two exceptions below). Two checks are told what the document
 #: says in words and JSON Schema cannot say: a job's rules across fields (max_nodes >= min_nodes,
 #: a pattern with a group, the site's own limits, a curve where no real workers run) make a 422
-#: for a schema-valid body; and DELETE of a job cancels it, the job staying readable in its final
+#: for a schema-valid body, and so does a usage window whose `to` is not after its `from` a 400;
+#: and DELETE of a job cancels it, the job staying readable in its final
 #: state (use_after_free expects a 404 after any DELETE).
 CONFIG = """
 headers = {{ Authorization = "Bearer {token}" }}
@@ -43,6 +44,9 @@ database = "none"
 [[operations]]
 include-name = "POST /api/jobs"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "409", "422", "429", "503"]
+[[operations]]
+include-name = ["GET /api/usage", "GET /api/usage.csv"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403"]
 [[operations]]
 include-name = ["GET /api/jobs/{{job_id}}", "GET /api/jobs/{{job_id}}/logs"]
 checks.use_after_free.enabled = false

@@ -3,5 +3,7 @@ variant; front ends get one from `core.assemble.build` and use only what base.py
 from .base import Capabilities, Harvester, Unsupported
 from .live import LiveHarvester
 from .replay import ReplayHarvester
+from ..usage import BY as USAGE_BY, UsageReport
 
-__all__ = ["Capabilities", "Harvester", "LiveHarvester", "ReplayHarvester", "Unsupported"]
+__all__ = ["Capabilities", "Harvester", "LiveHarvester", "ReplayHarvester", "Unsupported", "USAGE_BY",
+           "UsageReport"]

@@ -8,7 +8,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
@@ -17,8 +17,10 @@ from ..model import Job
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
-from ..store import Store, refuse_foreign
+from ..slots import Slots
+from ..store import Store, UsageHistory, refuse_foreign
 from ..storelock import StoreLock
+from ..usage import Change, JobRecord, Progress, UsageReport, report
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Harvester:
         self.error: Optional[str] = None
         self._lock = threading.RLock()
         self._seq = 0
+        self._usage = UsageHistory(self.db)
 
     # ---- what a variant says ----------------------------------------------------------------
     def _open(self, fresh: bool) -> None:
@@ -120,6 +123,7 @@ class Harvester:
             store = ctl.store
             if store is not None:
                 store.close()
+            self._usage.close()
             self.runner = None
 
     def close(self) -> None:
@@ -176,6 +180,23 @@ class Harvester:
             return None
         with ctl.lock:
             return ctl.advisor.view(job_id)
+
+    def usage(self, start: Optional[float] = None, end: Optional[float] = None, by: str = "owner",
+              accounts: Optional[Mapping[str, str]] = None, series: bool = False) -> UsageReport:
+        """Node-seconds, GPU-seconds and samples in [start, end) per owner, job or account, from
+        the store's history as of its last flush (so a kill -9 loses nothing that was reported);
+        `accounts`: each owner's account (the front end knows the users). ValueError for a `by`
+        that is not one of core.usage.BY."""
+        history = self._usage.read() or {"changes": [], "progress": [], "jobs": [], "timeline": [], "until": None}
+        ctl = self.controller
+        slots = ctl.slots if ctl is not None else Slots()
+        until = history["until"]
+        if until is None:
+            until = self.snapshot.time
+        return report((Change(t, j, tuple(a), tuple(r)) for t, j, a, r in history["changes"]),
+                      (Progress(t, j, s) for t, j, s in history["progress"]),
+                      (JobRecord(*row) for row in history["jobs"]), history["timeline"], start, end, until,
+                      by, accounts, slots, series)
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         """What a job's real workers say of themselves; None without real workers."""

@@ -1,0 +1,261 @@
+"""Usage accounting: node-seconds, GPU-seconds and samples per job, owner and account, from what
+the store says happened. Pure: plain records in, totals out (no clock, no I/O), so a replay of a
+known run and the live server compute the same figures from the same history.
+
+A node counts for a job from the allocation row that added it to the row that removed it (a
+shrink, a reclaim, the job's end); a node still held counts up to `until`, the moment the store
+was last saved, so nothing unsaved is counted and a restart continues the same figures."""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+BY = ("owner", "job", "account")
+#: a nice step for the stacked series, the smallest giving at most SERIES_POINTS buckets
+STEPS_S = (60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400)
+SERIES_POINTS = 120
+
+
+@dataclass(frozen=True)
+class Change:
+    """One allocations row: a job's node set changed at `time`."""
+    time: float
+    job: str
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One throughput row: a job had processed `samples_done` samples at `time`."""
+    time: float
+    job: str
+    samples_done: float
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What a report says of a job besides its usage (from the jobs table)."""
+    id: str
+    name: str
+    owner: str
+    samples_done: float
+    end_time: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A node held by a job from `start` to `end` (None: still held)."""
+    job: str
+    node: str
+    start: float
+    end: Optional[float]
+
+
+@dataclass
+class Totals:
+    node_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    samples: float = 0.0
+
+    def add(self, other: "Totals") -> None:
+        self.node_seconds += other.node_seconds
+        self.gpu_seconds += other.gpu_seconds
+        self.samples += other.samples
+
+
+@dataclass
+class UsageRow:
+    """One line of a report: a job, an owner or an account, with what it used."""
+    key: str
+    owner: str = ""
+    account: str = ""
+    name: str = ""
+    jobs: int = 0
+    totals: Totals = field(default_factory=Totals)
+    share: Optional[float] = None     # of the idle node-seconds in the window; None when none were idle
+
+    def to_dict(self, by: str) -> dict:
+        row: dict = {by: self.key}
+        if by == "job":
+            row.update(name=self.name, owner=self.owner, account=self.account or None)
+        elif by == "owner":
+            row["account"] = self.account or None
+        row.update(jobs=self.jobs, node_seconds=self.totals.node_seconds, gpu_seconds=self.totals.gpu_seconds,
+                   node_hours=self.totals.node_seconds / 3600.0, samples=self.totals.samples,
+                   idle_share=self.share)
+        return row
+
+
+@dataclass
+class UsageReport:
+    start: float
+    end: float
+    by: str
+    rows: list[UsageRow]
+    total: Totals
+    jobs: int
+    idle_node_seconds: float
+    series: dict = field(default_factory=dict)   # {"step", "times", "nodes": {key: [mean nodes per bucket]}}
+
+    def to_dict(self) -> dict:
+        idle = self.idle_node_seconds
+        return {"from": self.start, "to": self.end, "by": self.by,
+                "rows": [r.to_dict(self.by) for r in self.rows],
+                "total": {"jobs": self.jobs, "node_seconds": self.total.node_seconds,
+                          "gpu_seconds": self.total.gpu_seconds, "node_hours": self.total.node_seconds / 3600.0,
+                          "samples": self.total.samples, "idle_node_seconds": idle,
+                          "idle_share": self.total.node_seconds / idle if idle > 0 else None}}
+
+
+def holds(changes: Iterable[Change]) -> list[Hold]:
+    """Every (job, node, start, end) in the history, in the order the changes were made. A node
+    added to a job while another job still holds it (a row lost to a crash) ends the other's hold
+    there: a node is held by one job at a time."""
+    out: list[Hold] = []
+    open_: dict[str, tuple[str, float]] = {}       # node -> (job, since)
+    for c in changes:
+        for n in c.removed:
+            held = open_.get(n)
+            if held is not None and held[0] == c.job:
+                out.append(Hold(c.job, n, held[1], c.time))
+                del open_[n]
+        for n in c.added:
+            held = open_.get(n)
+            if held is not None:
+                out.append(Hold(held[0], n, held[1], c.time))
+            open_[n] = (c.job, c.time)
+    out.extend(Hold(job, n, since, None) for n, (job, since) in open_.items())
+    return out
+
+
+def overlap(a: float, b: Optional[float], start: float, end: float) -> float:
+    """Seconds of [a, b) (b None: open) within [start, end)."""
+    return max(0.0, min(end if b is None else b, end) - max(a, start))
+
+
+def samples_at(points: Sequence[tuple[float, float]], t: float) -> float:
+    """A job's samples done at `t`, linear between its recorded (time, samples_done) points, flat
+    before the first and after the last (the run is exact at every recorded point)."""
+    if not points:
+        return 0.0
+    if t <= points[0][0]:
+        return points[0][1]
+    i = bisect_right([p[0] for p in points], t) - 1
+    if i >= len(points) - 1:
+        return points[-1][1]
+    (t0, s0), (t1, s1) = points[i], points[i + 1]
+    return s0 if t1 <= t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+
+
+def progress_points(progress: Iterable[Progress], jobs: Mapping[str, JobRecord],
+                    until: float) -> dict[str, list[tuple[float, float]]]:
+    """Per job, its recorded progress in time order, closed by what the jobs table holds (at the
+    job's end, or at `until` for a job still going), never going back."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for p in progress:
+        out.setdefault(p.job, []).append((p.time, p.samples_done))
+    for jid, rec in jobs.items():
+        pts = out.setdefault(jid, [])
+        t = rec.end_time if rec.end_time is not None else until
+        if pts and t >= pts[-1][0] and rec.samples_done >= pts[-1][1]:
+            pts.append((t, rec.samples_done))
+    for pts in out.values():
+        pts.sort(key=lambda p: p[0])
+        best = 0.0
+        for k, (t, s) in enumerate(pts):
+            best = max(best, s)
+            pts[k] = (t, best)
+    return out
+
+
+def idle_node_seconds(timeline: Sequence[tuple[float, int]], start: float, end: float) -> float:
+    """Idle node-seconds in [start, end) from the timeline's (time, idle) points, each count
+    standing until the next point (the last one until `end`)."""
+    total = 0.0
+    for k, (t, idle) in enumerate(timeline):
+        nxt = timeline[k + 1][0] if k + 1 < len(timeline) else end
+        total += idle * overlap(t, nxt, start, end)
+    return total
+
+
+def series_step(span: float) -> float:
+    for s in STEPS_S:
+        if span / s <= SERIES_POINTS:
+            return float(s)
+    return float(math.ceil(span / SERIES_POINTS / 86400.0) * 86400)
+
+
+def report(changes: Iterable[Change], progress: Iterable[Progress], jobs: Iterable[JobRecord],
+           timeline: Sequence[tuple[float, int]], start: Optional[float], end: Optional[float],
+           until: float, by: str = "owner", accounts: Mapping[str, str] | None = None,
+           slots: Callable[[str], int] = lambda _node: 1, series: bool = False) -> UsageReport:
+    """Usage within [start, end) (None: from the first record; to `until`), grouped `by` owner,
+    job or account (an owner's account from `accounts`, looked up now). `until`: the moment the
+    history was last saved, which no window reaches beyond."""
+    if by not in BY:
+        raise ValueError(f"by: give one of {', '.join(BY)}, not {by!r}")
+    accounts = accounts or {}
+    changes = list(changes)
+    records = {j.id: j for j in jobs}
+    first = min([c.time for c in changes[:1]] + [t for t, _ in timeline[:1]], default=until)
+    lo = first if start is None else start
+    hi = until if end is None else min(end, until)
+    hi = max(hi, lo)
+    per_job: dict[str, Totals] = {}
+    hs = holds(changes)
+    for h in hs:
+        secs = overlap(h.start, h.end, lo, hi)
+        if secs > 0:
+            t = per_job.setdefault(h.job, Totals())
+            t.node_seconds += secs
+            t.gpu_seconds += secs * slots(h.node)
+    for jid, pts in progress_points(progress, records, until).items():
+        done = samples_at(pts, hi) - samples_at(pts, lo)
+        if done > 0:
+            per_job.setdefault(jid, Totals()).samples += done
+    idle = idle_node_seconds(timeline, lo, hi)
+    rows: dict[str, UsageRow] = {}
+    total = Totals()
+    for jid, t in per_job.items():
+        rec = records.get(jid) or JobRecord(jid, "", "", 0.0)
+        account = accounts.get(rec.owner, "")
+        key = {"owner": rec.owner, "job": jid, "account": account}[by]
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = UsageRow(key, owner=rec.owner if by != "account" else "",
+                                       account=account, name=rec.name if by == "job" else "")
+        row.jobs += 1
+        row.totals.add(t)
+        total.add(t)
+    for row in rows.values():
+        row.share = row.totals.node_seconds / idle if idle > 0 else None
+    ordered = sorted(rows.values(), key=lambda r: (-r.totals.node_seconds, r.key))
+    out = UsageReport(lo, hi, by, ordered, total, len(per_job), idle)
+    if series:
+        out.series = _series(hs, records, accounts, by, lo, hi)
+    return out
+
+
+def _series(hs: Iterable[Hold], records: Mapping[str, JobRecord], accounts: Mapping[str, str], by: str,
+            lo: float, hi: float) -> dict:
+    """Mean nodes held per group in each step of [lo, hi): what a stacked chart draws."""
+    step = series_step(hi - lo) if hi > lo else 60.0
+    base = math.floor(lo / step) * step
+    n = max(1, math.ceil((hi - base) / step))
+    nodes: dict[str, list[float]] = {}
+    for h in hs:
+        a, b = max(h.start, lo), min(hi if h.end is None else h.end, hi)
+        if b <= a:
+            continue
+        rec = records.get(h.job)
+        owner = rec.owner if rec else ""
+        key = {"owner": owner, "job": h.job, "account": accounts.get(owner, "")}[by]
+        row = nodes.setdefault(key, [0.0] * n)
+        k = int((a - base) // step)
+        while k < n and base + k * step < b:
+            row[k] += overlap(a, b, base + k * step, base + (k + 1) * step) / step
+            k += 1
+    return {"step": step, "times": [base + k * step for k in range(n)], "nodes": nodes}
