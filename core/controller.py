@@ -563,8 +563,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                        reason: str) -> None:
         running = bool(after) and job.state is JobState.RUNNING
         if self.horizon_learner is not None:
-            if running:
-                self.horizon_learner.changed(job.id, now)
+            if running:     # a grow within the regroup of a start or grow ends no stand (core/horizon.py)
+                self.horizon_learner.changed(job.id, now, len(after) > len(before), job.scale_up_seconds)
             else:
                 self.horizon_learner.left(job.id)
         # progress also where a job drops to no nodes, so its progress line stays flat while it holds none

@@ -138,3 +138,33 @@ def test_state_keeps_fragments_and_stands_and_reads_the_old_form() -> None:
     old = HorizonLearner()
     old.load(h.survival.state())                  # a store written before stands were learned
     assert old.survival.count == 1 and old.stands.count == 0
+
+
+
+def test_grows_folded_into_a_regroup_end_no_stand() -> None:
+    """Nodes arriving while a job regroups onto its start or last grow (within its scale-up time)
+    join that regroup: the allocation they replace never ran, so it is no stand. A cold start
+    grows a job once per connecting pilot, ms apart: counted, those stands taught a horizon of
+    0.5 s, after which no grow paid. A grow after the regroup, a shrink or a reclaim ends the
+    stand as before, and a grow right after a loss counts too."""
+    h = HorizonLearner()
+    h.changed("J", 0.0, grew=True, regroup_s=18.0)                  # started
+    for k in range(1, 200):
+        h.changed("J", k * 0.005, grew=True, regroup_s=18.0)        # a pilot connected: one more node
+    cold = h.decide([1.0], ["J"], 1.0)
+    assert cold.stands == 0 and cold.standing == 1 and cold.tfwd == FALLBACK_S and not cold.learned
+    later = h.decide([1.0], ["J"], 120.0)                           # nothing changed for 2 min
+    assert later.bound and later.tfwd >= 120.0 * 10 ** (-1 / 16)
+    h.changed("J", 150.0, grew=True, regroup_s=18.0)                # long after the regroup: a stand of 150 s
+    h.changed("J", 160.0)                                           # a reclaim: 10 s
+    h.changed("J", 160.0, grew=True, regroup_s=18.0)                # its refill, after a loss: 0 s
+    assert h.stands.count == 3 and h.stands.lower_median(np.array([])) == pytest.approx(10.0, rel=0.16)
+    h.changed("J", 170.0, grew=True, regroup_s=18.0)                # within the refill's regroup: goes on
+    assert h.stands.count == 3
+    h.left("J")
+    h.changed("J", 500.0, grew=True, regroup_s=18.0)                # back from the queue: a new stand
+    h.changed("J", 501.0, grew=True, regroup_s=18.0)
+    assert h.stands.count == 3 and h.decide([1.0], ["J"], 510.0).standing == 1
+    plain = HorizonLearner()                                        # without a regroup time: every change counts
+    stood(plain, "J", [0.005] * 10)
+    assert plain.stands.count == 10

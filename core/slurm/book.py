@@ -181,12 +181,24 @@ class PilotBook:
                     and not self.backoff.waiting(n, now)]
 
     def room(self) -> int:
-        """How many pilots to submit now: within max_pilots, demand, the batch and the rate."""
+        """How many pilots to submit now: within max_pilots, demand, the batch and, while any
+        node's pilots are failing, the rate. The rate guards slurmctld against pilots that fail
+        as fast as they are sent; healthy ones are paced by the batch alone, so a cold start on
+        more nodes than the rate fills them all in one go (128 nodes under the default 120 a
+        minute: the last 8 came a minute late, when growing onto them no longer paid)."""
         s = self.settings
         with self.lock:
-            active = sum(1 for p in self.pilots.values() if not p.releasing)
-            return max(0, min(s.max_pilots - len(self.pilots), self.demand - active, s.submit_batch,
-                              self.backoff.room(time.monotonic())))
+            rate = self.backoff.room(time.monotonic()) if self.backoff.failing() else s.submit_batch
+            return max(0, min(self._unpaced(), s.submit_batch, rate))
+
+    def unpaced(self) -> int:
+        """How many pilots would go now but for the batch and the rate: within max_pilots and demand."""
+        with self.lock:
+            return self._unpaced()
+
+    def _unpaced(self) -> int:
+        active = sum(1 for p in self.pilots.values() if not p.releasing)
+        return max(0, min(self.settings.max_pilots - len(self.pilots), self.demand - active))
 
     def submitted(self, job: Optional[str], node: str) -> None:
         """sbatch was run for `node` (`job`: its id, None if it failed): it counts for the rate."""

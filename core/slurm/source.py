@@ -24,6 +24,10 @@ finds that file adopts the running pilots squeue shows (their nodes count as hel
 a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
 A clean stop cancels every pilot and removes the file.
 
+Joins wait while more of our pilots are starting or about to be sent (JoinHold, at most 30 s):
+a cold start then reaches the controller as one decision instead of a grow per pilot, each a
+regroup that the last nodes no longer repay. Leaves never wait.
+
 GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
 them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
 its environment, which its workers inherit).
@@ -39,10 +43,11 @@ import getpass
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Optional
+from typing import Callable, Collection, Optional, Sequence
 
-from ..model import Event
+from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from . import identity, pilots
 from .book import PilotBook
@@ -51,8 +56,47 @@ from .hub import PilotHub, PilotLink
 from .settings import SlurmSettings
 from .watch import resolve_watch
 
-__all__ = ["SlurmSource", "resolve_watch"]
+__all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
 log = logging.getLogger(__name__)
+#: a pilot sent this recently that has not said hello yet is still starting: joins wait for it
+#: (several seconds when a hundred start at once on a small host)
+STARTING_S = 10.0
+#: ... but no join waits longer than this for the pilots starting after it
+JOIN_HOLD_CAP_S = 30.0
+
+
+@dataclass
+class JoinHold:
+    """Joins wait while more of our pilots are starting, and reach the controller together.
+
+    A cold start connects pilots one by one, milliseconds to a second apart, in rounds of the
+    submission batch. Handed over as they come, every join is a decision: the first job grows
+    once per pilot or round, and once its pause has run out the last few nodes no longer repay a
+    regroup of all it holds (on 128 nodes a job stayed on 112 for minutes). Held while more
+    pilots are starting or about to be sent, they are one decision and no regroup. Leaves never
+    wait, and a node that leaves while its join waits never joins."""
+
+    cap_s: float = JOIN_HOLD_CAP_S
+    held: list[Event] = field(default_factory=list)
+    since: Optional[float] = None     # monotonic: when the oldest held join came
+
+    def pass_on(self, events: Sequence[Event], now: float, starting: bool) -> list[Event]:
+        """What goes to the controller now of `events` and the joins held before; `starting`:
+        some pilot of ours is starting (sent recently, no hello yet)."""
+        out: list[Event] = []
+        for ev in events:
+            if ev.kind is EventKind.NODE_JOIN:
+                self.held.append(ev)
+                self.since = now if self.since is None else self.since
+                continue
+            if ev.kind is EventKind.NODE_LEAVE:
+                self.held = [j for j in self.held if j.node != ev.node]
+            out.append(ev)
+        if self.held and (not starting or now - self.since >= self.cap_s):
+            out, self.held, self.since = self.held + out, [], None
+        elif not self.held:
+            self.since = None
+        return out
 
 
 class SlurmSource(LiveNodeSource):
@@ -73,6 +117,8 @@ class SlurmSource(LiveNodeSource):
         self._thread: Optional[threading.Thread] = None
         self._wake: Optional[Callable[[], None]] = None
         self.hub: Optional[PilotHub] = None
+        self.joins = JoinHold()
+        self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         log.info("Slurm %s: watching %d node(s) of partition %s", self.version, len(self.book.names), s.partition)
         if not s.dry_run:
             ident, restarted = identity.kept(s)
@@ -115,7 +161,11 @@ class SlurmSource(LiveNodeSource):
     def poll(self, now: float) -> list[Event]:
         if self._thread is None:
             self.start(self._wake)
-        return self.book.take_events()
+        mono = time.monotonic()
+        with self.book.lock:
+            starting = self._more or any(not p.running and not p.adopted and mono - p.submitted < STARTING_S
+                                         for p in self.book.pilots.values())
+        return self.joins.pass_on(self.book.take_events(), mono, starting)
 
     def want(self, nodes: int, in_use: Collection[str]) -> None:
         self.book.want(nodes, in_use)
@@ -238,7 +288,9 @@ class SlurmSource(LiveNodeSource):
         s, hub = self.settings, self.hub
         assert hub is not None
         script, env = pilots.script(s), pilots.environment(s, hub.address[1], hub.fingerprint, self._token)
-        for node in self.free_nodes()[:self.book.room()]:
+        free, room = self.free_nodes(), self.book.room()
+        self._more = min(len(free), self.book.unpaced()) > room
+        for node in free[:room]:
             job = None
             try:
                 job = self.cli.submit(pilots.sbatch_options(s, node, self._slurm.get(node)), script, env)
