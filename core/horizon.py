@@ -2,20 +2,23 @@
 
 BFTrainer's objective looks T_fwd seconds ahead: a rescale must pay for itself within T_fwd. The
 right span is how long the allocation a job pays for will stand before it changes again, for
-whatever reason: a reclaim of one of its nodes, a shrink to make room for another job. So the
-learner watches exactly that: every time something is taken from a running job's allocation,
-the allocation it had stood for one observation; the allocations standing now have lasted at
-least their age so far (right-censored). One kind of change ends no stand: a grow that comes while
-the job is still regrouping onto its start or its last grow (within its scale-up time of it).
-The allocator folds such a grow into the regroup under way (it charges only the pause it adds),
-the allocation it replaces never ran, and nothing was taken from the job. A cold start on
-hundreds of nodes grows a job once per pilot that connects, ms apart: counted as stands, those
-taught a horizon of 0.5 s, after which no grow paid and 240 held nodes sat idle. The horizon of a decision is the
-Kaplan-Meier median of those stands, one for every job (a rescale is a bet that the new
-allocation stands long enough; the median is the span over which it wins more often than not,
-and on heavy-tailed stands the mean is ruled by a few quiet nights). Per-job horizons from the
-nodes each job holds were measured too and lost to it (docs/policy-experiments.md): their spread
-made jobs thrash.
+whatever reason: a reclaim of one of its nodes, a join that makes another size better, another
+job starting or ending. So the learner watches exactly that: every time a running job's
+allocation changes, the allocation it had stood for one observation; the allocations standing
+now have lasted at least their age so far (right-censored). One change ends no stand: a grow
+while the job is still regrouping onto its start or its last grow (within its scale-up time of
+it). The allocator folds such a grow into the regroup under way (it charges only the pause it
+adds), so the allocation it replaces never ran, and nothing was taken from the job. A cold
+start on hundreds of nodes grows a job once per pilot that connects, ms apart: counted, those
+stands taught a horizon of 0.5 s, after which no grow paid and 240 held nodes sat idle. A grow
+after the regroup still ends a stand: the allocation stood, and the next decision replaced it
+(counting those too as going on lengthened the horizon and cost the replay 0.09 points).
+
+The horizon of a decision is the Kaplan-Meier median of those stands, one for every job (a
+rescale is a bet that the new allocation stands long enough; the median is the span over which
+it wins more often than not, and on heavy-tailed stands the mean is ruled by a few quiet
+nights). Per-job horizons from the nodes each job holds were measured too and lost to it
+(docs/policy-experiments.md): their spread made jobs thrash.
 
 The idle fragments give what placement needs: every fragment that ended is one observation of a
 node's idle time, every node idle now one still going. From their survival S(t), for a node idle
