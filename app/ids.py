@@ -78,3 +78,8 @@ def rp_error(field: str) -> str:
 # login page
 LOGIN_USER, LOGIN_PASSWORD, LOGIN_SUBMIT, LOGIN_RESULT, LOGOUT = (
     "login-user", "login-password", "login-submit", "login-result", "logout")
+
+# usage page (staff)
+USAGE_BY, USAGE_WINDOW = "usage-by", "usage-window"
+USAGE_SUMMARY, USAGE_TABLE, USAGE_CHART = "usage-summary", "usage-table", "usage-chart"
+USAGE_CSV = "usage-csv"       # the CSV export of what the table shows

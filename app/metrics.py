@@ -50,11 +50,29 @@ class HarvesterCollector:
         for kind, n in sorted(k.get("events_by_kind", {}).items()):
             c.add_metric([kind], n)
         yield c
+        yield from usage_counters()
         st = snap.solve_times
         buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, st.le)] + [("+Inf", st.count)]
         hist = HistogramMetricFamily("harvest_solver_seconds", "Allocator solve time per decision")
         hist.add_metric([], buckets, st.sum_s)
         yield hist
+
+
+def usage_counters():
+    """Node-seconds, GPU-seconds and samples per owner since the run began, from the store's
+    history as of its last save (GET /api/usage): they survive a restart, and only grow."""
+    rep = context.harvester.usage(None, None, "owner")
+    families = (CounterMetricFamily("harvest_owner_node_seconds", "Node-seconds held by each owner's jobs",
+                                    labels=["owner"]),
+                CounterMetricFamily("harvest_owner_gpu_seconds", "GPU-seconds (node-seconds x the node's slots) held "
+                                    "by each owner's jobs", labels=["owner"]),
+                CounterMetricFamily("harvest_owner_samples", "Samples processed by each owner's jobs",
+                                    labels=["owner"]))
+    for row in rep.rows:
+        t = row.totals
+        for family, value in zip(families, (t.node_seconds, t.gpu_seconds, t.samples)):
+            family.add_metric([row.key], value)
+    yield from families
 
 
 def register(server: flask.Flask) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import dash
+import flask
 from dash import Input, Output, dcc, html
 
 from core.service import Harvester
@@ -52,6 +53,9 @@ def shell() -> html.Div:
     links = [("Cluster", "/"), ("Jobs", "/jobs"), ("Allocator", "/allocator")]
     if context.harvester.capabilities.can_restart:      # live mode has no replay to control
         links.append(("Replay", "/replay"))
+    user = context.current_user() if flask.has_request_context() else None
+    if user is not None and user.is_staff:              # usage per person is for staff
+        links.append(("Usage", "/usage"))
     return html.Div([
         dcc.Location(id=ids.URL),
         dcc.Interval(id=ids.TICK, interval=UPDATE_MS),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import signal
 import sqlite3
 import time
@@ -17,6 +18,7 @@ import pytest
 from werkzeug.security import generate_password_hash
 
 from core.usage import Change, JobRecord, Progress, holds, report, samples_at
+from tests.support.browser import login, shoot
 from tests.support.files import write_jobset, write_trace
 from tests.support.server import password, start_app
 from tests.support.waiting import wait
@@ -232,6 +234,50 @@ def test_only_staff_read_usage(replayed):
     assert replayed.get("/api/usage")[0] == 401
     status, body = replayed.get("/api/usage.csv", token=replayed.token("alice"))
     assert status == 403 and "only staff" in body["error"]
+
+
+def test_metrics_count_usage_per_owner(replayed):
+    body = usage(replayed, replayed.token("staff1"))
+    status, text = replayed.get("/metrics")
+    assert status == 200
+    for r in body["rows"]:
+        for metric, field in (("node_seconds", "node_seconds"), ("gpu_seconds", "gpu_seconds"),
+                              ("samples", "samples")):
+            line = re.search(rf'^harvest_owner_{metric}_total{{owner="{r["owner"]}"}} (\S+)$', text, re.M)
+            assert line, (metric, r["owner"], text[-2000:])
+            assert float(line.group(1)) == pytest.approx(r[field], rel=1e-9)
+    assert re.search(r"^# TYPE harvest_owner_node_seconds(_total)? counter$", text, re.M), text[:3000]
+
+
+def test_the_usage_page_shows_the_totals_to_staff_only(replayed, browser):
+    body = usage(replayed, replayed.token("staff1"))
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = ctx.new_page()
+        login(page, replayed.url, "alice")
+        assert "Usage" not in page.inner_text("header nav")
+        page.goto(replayed.url + "/usage")
+        page.wait_for_selector("main h2")
+        assert "Only staff see usage" in page.inner_text("main")
+        ctx.clear_cookies()
+        login(page, replayed.url, "staff1")
+        page.click("header nav >> text=Usage")
+        page.wait_for_function("() => document.querySelectorAll('#usage-table td').length > 0", timeout=20_000)
+        page.wait_for_selector("#usage-chart .scatterlayer .trace", timeout=20_000)
+        summary = page.inner_text("#usage-summary")
+        assert f"{body['total']['node_hours']:,.1f} node-hours" in summary, summary
+        table = page.inner_text("#usage-table")
+        for r in body["rows"]:
+            assert f"{r['node_hours']:.2f}".rstrip("0").rstrip(".") in table, (r, table)
+        assert "alice" in table and "physics" in table and "the job set" in table, table
+        assert page.get_attribute("#usage-csv", "href") == "/api/usage.csv?by=owner"
+        shoot(page, "usage", full=True)
+        page.click("#usage-by")
+        page.click("text=account / project")
+        page.wait_for_function("() => (document.querySelector('#usage-table')?.innerText || '').includes('chemistry')",
+                               timeout=20_000)
+    finally:
+        ctx.close()
 
 
 # ---- live: kill -9 and restart --------------------------------------------------------------
