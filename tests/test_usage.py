@@ -77,6 +77,19 @@ def test_samples_are_the_progress_between_the_window_ends():
     assert whole.total.samples == 500                     # the jobs table's figure closes the run
 
 
+def test_the_series_stacks_the_mean_nodes_held_per_step():
+    changes = [Change(0.0, "a", ("n1", "n2"), ()), Change(1800.0, "b", ("n3",), ()),
+               Change(3600.0, "a", (), ("n1", "n2"))]
+    jobs = [JobRecord("a", "A", "alice", 0.0), JobRecord("b", "B", "bob", 0.0)]
+    rep = report(changes, [], jobs, [], None, None, until=7200.0, by="owner", series=True)
+    s = rep.series
+    assert s["step"] == 60 and len(s["times"]) == 120 and s["times"][0] == 0.0
+    alice, bob = s["nodes"]["alice"], s["nodes"]["bob"]
+    assert alice[:60] == [2.0] * 60 and alice[60:] == [0.0] * 60
+    assert bob[:30] == [0.0] * 30 and bob[30:] == [1.0] * 90
+    assert sum(alice) * 60 == rep.rows[0].totals.node_seconds == 7200
+
+
 def test_an_unknown_grouping_is_refused():
     with pytest.raises(ValueError, match="by: give one of owner, job, account"):
         report([], [], [], [], None, None, until=0.0, by="rack")
