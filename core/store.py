@@ -402,7 +402,7 @@ class UsageHistory:
 
     def read(self) -> Optional[dict]:
         """{"changes": [(time, job, added, removed)] in the order made, "progress": [(time, job,
-        samples_done)], "jobs": [(id, name, owner, samples_done, end_time)], "timeline": [(time,
+        samples_done, samples/s)], "jobs": [(id, name, owner, samples_done, end_time)], "timeline": [(time,
         idle)] in time order, "until": the clock at the last flush}; None while the store is being
         created or reset."""
         with self.lock:
@@ -414,7 +414,8 @@ class UsageHistory:
                 conn.execute("BEGIN")
                 try:
                     changes = conn.execute("select time, job, added, removed from allocations order by id").fetchall()
-                    progress = conn.execute("select time, job, samples_done from throughput "
+                    progress = conn.execute("select time, job, samples_done, coalesce(samples_per_second, 0) "
+                                            "from throughput "
                                             "where samples_done is not null order by id").fetchall()
                     jobs = conn.execute("select id, coalesce(name, ''), coalesce(owner, ''), "
                                         "coalesce(samples_done, 0), end_time from jobs order by rowid").fetchall()

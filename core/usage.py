@@ -31,10 +31,12 @@ class Change:
 
 @dataclass(frozen=True)
 class Progress:
-    """One throughput row: a job had processed `samples_done` samples at `time`."""
+    """One throughput row: a job had processed `samples_done` samples at `time` (net of what its
+    rescales lost)."""
     time: float
     job: str
     samples_done: float
+    rate: float = 0.0      # samples/s from then on, as far as the controller knew
 
 
 @dataclass(frozen=True)
@@ -138,38 +140,29 @@ def overlap(a: float, b: Optional[float], start: float, end: float) -> float:
     return max(0.0, min(end if b is None else b, end) - max(a, start))
 
 
-def samples_at(points: Sequence[tuple[float, float]], t: float) -> float:
-    """A job's samples done at `t`, linear between its recorded (time, samples_done) points, flat
-    before the first and after the last (the run is exact at every recorded point)."""
+def samples_at(points: Sequence[tuple[float, float, float]], close: Optional[tuple[float, float]],
+               t: float) -> float:
+    """A job's samples done at `t` from its recorded (time, samples_done, samples/s) points: each
+    point's rate carries it to the next (exact for simulated workers, whose rescale losses are
+    charged at the change; an estimate between reports for real ones). After the last point it
+    stops at `close`, (time, samples_done) of the jobs table: the job's end, or the last save."""
     if not points:
         return 0.0
     if t <= points[0][0]:
         return points[0][1]
     i = bisect_right([p[0] for p in points], t) - 1
-    if i >= len(points) - 1:
-        return points[-1][1]
-    (t0, s0), (t1, s1) = points[i], points[i + 1]
-    return s0 if t1 <= t0 else s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+    t0, s0, rate = points[i]
+    value = s0 + (rate or 0.0) * (t - t0)
+    if i < len(points) - 1 or close is None:
+        return value
+    return close[1] if t >= close[0] else min(value, max(close[1], s0))
 
 
-def progress_points(progress: Iterable[Progress], jobs: Mapping[str, JobRecord],
-                    until: float) -> dict[str, list[tuple[float, float]]]:
-    """Per job, its recorded progress in time order, closed by what the jobs table holds (at the
-    job's end, or at `until` for a job still going), never going back."""
-    out: dict[str, list[tuple[float, float]]] = {}
+def progress_points(progress: Iterable[Progress]) -> dict[str, list[tuple[float, float, float]]]:
+    """Per job, its recorded progress points in the order recorded."""
+    out: dict[str, list[tuple[float, float, float]]] = {}
     for p in progress:
-        out.setdefault(p.job, []).append((p.time, p.samples_done))
-    for jid, rec in jobs.items():
-        pts = out.setdefault(jid, [])
-        t = rec.end_time if rec.end_time is not None else until
-        if pts and t >= pts[-1][0] and rec.samples_done >= pts[-1][1]:
-            pts.append((t, rec.samples_done))
-    for pts in out.values():
-        pts.sort(key=lambda p: p[0])
-        best = 0.0
-        for k, (t, s) in enumerate(pts):
-            best = max(best, s)
-            pts[k] = (t, best)
+        out.setdefault(p.job, []).append((p.time, p.samples_done, p.rate))
     return out
 
 
@@ -218,9 +211,11 @@ def report(changes: Iterable[Change], progress: Iterable[Progress], jobs: Iterab
     for jid, k in index.items():
         if node_s[k] > 0:
             per_job[jid] = Totals(float(node_s[k]), float(gpu_s[k]))
-    for jid, pts in progress_points(progress, records, until).items():
-        done = samples_at(pts, hi) - samples_at(pts, lo)
-        if done > 0:
+    for jid, pts in progress_points(progress).items():
+        rec = records.get(jid)
+        close = None if rec is None else (rec.end_time if rec.end_time is not None else until, rec.samples_done)
+        done = samples_at(pts, close, hi) - samples_at(pts, close, lo)
+        if done:
             per_job.setdefault(jid, Totals()).samples += done
     idle = idle_node_seconds(timeline, lo, hi)
     rows: dict[str, UsageRow] = {}

@@ -65,16 +65,19 @@ def test_a_node_taken_without_its_release_row_ends_the_earlier_hold():
 
 
 def test_samples_are_the_progress_between_the_window_ends():
-    pts = [(0.0, 0.0), (10.0, 100.0), (20.0, 100.0), (30.0, 400.0)]
-    assert samples_at(pts, -1) == 0 and samples_at(pts, 5) == 50 and samples_at(pts, 25) == 250
-    assert samples_at(pts, 99) == 400
-    progress = [Progress(t, "a", s) for t, s in pts]
-    rep = report([Change(0.0, "a", ("n1",), ())], progress, [JobRecord("a", "A", "alice", 500.0, 40.0)], [],
-                 5.0, 25.0, until=50.0, by="job")
-    assert rep.rows[0].totals.samples == 200
-    whole = report([Change(0.0, "a", ("n1",), ())], progress, [JobRecord("a", "A", "alice", 500.0, 40.0)], [],
-                   None, None, until=50.0, by="job")
-    assert whole.total.samples == 500                     # the jobs table's figure closes the run
+    # 10/s from 0; a grow at 10 s charges its 18 s pause at once (100 -> 40), then 20/s; a save at 30 s
+    pts = [(0.0, 0.0, 10.0), (10.0, 40.0, 20.0)]
+    assert samples_at(pts, None, -1) == 0 and samples_at(pts, None, 5) == 50 and samples_at(pts, None, 25) == 340
+    assert samples_at(pts, (30.0, 440.0), 25) == 340 and samples_at(pts, (30.0, 440.0), 99) == 440
+    assert samples_at(pts, (30.0, 300.0), 25) == 300, "never past what the jobs table says"
+    progress = [Progress(t, "a", s, r) for t, s, r in pts]
+    job = [JobRecord("a", "A", "alice", 440.0)]
+    rep = report([Change(0.0, "a", ("n1",), ())], progress, job, [], 5.0, 25.0, until=30.0, by="job")
+    assert rep.rows[0].totals.samples == 340 - 50
+    assert report([Change(0.0, "a", ("n1",), ())], progress, job, [], 5.0, 25.0, until=60.0, by="job").rows[0] \
+        .totals.samples == 290, "a later save (a restart) does not change an earlier window"
+    whole = report([Change(0.0, "a", ("n1",), ())], progress, job, [], None, None, until=30.0, by="job")
+    assert whole.total.samples == 440                     # the jobs table's figure closes the run
 
 
 def test_the_series_stacks_the_mean_nodes_held_per_step():
@@ -329,6 +332,8 @@ def test_live_usage_survives_kill_9_and_restart(tmp_path):
             after = usage(again, staff, by=by, to=end)
             assert after["from"] == start and after["to"] == end
             agrees(after, by_key(body))
+            assert after["total"]["samples"] == pytest.approx(body["total"]["samples"], rel=1e-9)
+            assert after["total"]["samples"] > 0
         later = wait(lambda: (b := usage(again, staff))["to"] > end + 1 and b, 20, "the restarted run to save")
         assert later["total"]["node_seconds"] > before["owner"]["total"]["node_seconds"], "usage went on"
     finally:

@@ -194,7 +194,7 @@ class Harvester:
         if until is None:
             until = self.snapshot.time
         return report((Change(t, j, tuple(a), tuple(r)) for t, j, a, r in history["changes"]),
-                      (Progress(t, j, s) for t, j, s in history["progress"]),
+                      (Progress(*row) for row in history["progress"]),
                       (JobRecord(*row) for row in history["jobs"]), history["timeline"], start, end, until,
                       by, accounts, slots, series)
 
