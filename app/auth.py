@@ -3,7 +3,8 @@
 Users come from a JSON file of hashed passwords (`python -m app.users add NAME`), named by
 `--users` or `HARVEST_USERS_FILE`, or from `HARVEST_USERS` holding the same JSON. Roles:
 `staff` may pause the harvester and cancel any job, `user` only their own; a user's `unix` field
-names the Unix account their jobs run as (where the site has a launcher, `--run-as`). The web app keeps
+names the Unix account their jobs run as (where the site has a launcher, `--run-as`), `account`
+the account or project their usage is reported under (`GET /api/usage?by=account`). The web app keeps
 the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
 (signed with the same secret, valid for `TOKEN_TTL_S`). Both carry a stamp of the user's
 password hash: changing the password (`python -m app.users passwd`) revokes every token and
