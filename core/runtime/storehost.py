@@ -10,7 +10,8 @@ and its janitor thread, every `sweep_s`:
   job's secret (core/runtime/signing.py) nor a counter, or are larger than `max_value_bytes`;
 - keeps at most `per_peer` connections per peer address (the oldest; newer ones are shut down, so
   the server's own loop closes them);
-- leaves, saying why on its last line, when its memory stays over `max_rss_mb` after a sweep.
+- leaves, saying why on its last line, when its memory stays over `max_rss_mb` for 2 s of sweeps
+  (a burst of junk that the sweeps are still deleting is not enough).
 The child ends when its stdin closes: the harvester that started it is gone. A warm spare (torch
 imported) is kept ready so a job's start does not wait for the import.
 """
@@ -38,6 +39,7 @@ __all__ = ["StoreHost", "StoreLimits", "StoreHostError"]
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
+OVER_FOR_S = 2.0          # memory over the limit this long, sweeps going on, ends the store
 
 
 class StoreHostError(RuntimeError):
@@ -408,6 +410,7 @@ def main() -> int:
     threading.Thread(target=_watch_parent, name="parent", daemon=True).start()
     janitor = Janitor(store, int(store.port), cfg["secret"], limits)
     threading.Thread(target=_cap_loop, args=(janitor,), name="peers", daemon=True).start()
+    over_since: Optional[float] = None     # monotonic: since when memory is over the limit
     while True:                   # keys: store I/O, which a flood can slow down; peers go on apart
         time.sleep(limits.sweep_s)
         try:
@@ -418,9 +421,10 @@ def main() -> int:
         if deleted:
             _say({"foreign_keys": deleted})
         rss_mb = _status_kb("VmRSS") / 1024
-        if rss_mb > limits.max_rss_mb:
-            _say({"error": f"the store held {rss_mb:.0f} MB after removing what was not the job's "
-                           f"(limit {limits.max_rss_mb} MB)"})
+        over_since = (over_since or time.monotonic()) if rss_mb > limits.max_rss_mb else None
+        if over_since is not None and time.monotonic() - over_since >= OVER_FOR_S:
+            _say({"error": f"the store held {rss_mb:.0f} MB for {OVER_FOR_S:g} s after removing what was "
+                           f"not the job's (limit {limits.max_rss_mb} MB)"})
             os._exit(3)
 
 
