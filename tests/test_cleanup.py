@@ -23,6 +23,7 @@ from core.transports.cleanup import (CGROUP1, CGROUP2, ENV_MARK, ENVIRON, PARENT
                                      check_mark, host_prefix, instance, new_mark)
 from core.transports.ssh import _LIB
 from tests.support.files import ROOT
+from tests.support.procs import processes_with_cmdline
 from tests.support.waiting import wait
 
 NODE = NodeSpec("n0")
@@ -50,24 +51,8 @@ def mechanisms() -> list[str]:
     return out
 
 
-def processes(tag: str) -> dict[int, str]:
-    """Live processes whose command line holds `tag`."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if tag in cmd and state != "Z":
-            out[int(entry.name)] = cmd.strip()
-    return out
-
-
 def sleepers(tag: str) -> set[str]:
-    return {cmd for cmd in processes(tag).values() if cmd.split()[-1].endswith(tag) and "sleep" in cmd}
+    return {cmd for cmd in processes_with_cmdline(tag).values() if cmd.split()[-1].endswith(tag) and "sleep" in cmd}
 
 
 def cgroup_dirs(mark: str) -> list[Path]:
@@ -78,7 +63,7 @@ def cgroup_dirs(mark: str) -> list[Path]:
 def tag() -> Iterator[str]:
     t = f"{os.getpid()}{random.randint(100000, 999999)}"
     yield t
-    for pid in processes(t):
+    for pid in processes_with_cmdline(t):
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
@@ -89,7 +74,7 @@ def start(t, tag: str, end: str = "exec sleep 600", wipe: bool = True, sleeping:
     """The worker, once its daemons (and `sleeping` more sleeps with the tag) run."""
     h = t.start(NODE, ["/bin/sh", "-c", DAEMONS.format(tag=tag, end=end, wipe=WIPE.format(tag=tag) if wipe else "")],
                 {}, "", f"/tmp/cleanup-{tag}.log")
-    wait(lambda: len(sleepers(tag)) == 2 + wipe + sleeping, 10, "the daemons", lambda: processes(tag))
+    wait(lambda: len(sleepers(tag)) == 2 + wipe + sleeping, 10, "the daemons", lambda: processes_with_cmdline(tag))
     return h
 
 
@@ -104,7 +89,7 @@ def test_a_stop_ends_every_process_of_the_worker(mode, tag):
         t0 = time.monotonic()
         assert t.stop(h, grace_s=5) == STOP_TERM
         assert time.monotonic() - t0 < 2, "sleep ends at SIGTERM: no wait for the grace"
-        assert not processes(tag) and not cgroup_dirs(h.mark)
+        assert not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
     finally:
         t.close()
 
@@ -115,7 +100,7 @@ def test_the_fallback_misses_a_process_that_clears_its_environment(tag):
     try:
         h = start(t, tag)
         assert t.stop(h, grace_s=2) == STOP_TERM
-        assert set(processes(tag).values()) == {f"/bin/sleep 4444.{tag}"}
+        assert set(processes_with_cmdline(tag).values()) == {f"/bin/sleep 4444.{tag}"}
     finally:
         t.close()
 
@@ -129,11 +114,11 @@ def test_what_ignores_sigterm_is_killed_after_the_grace_and_kill_ends_all_at_onc
         t0 = time.monotonic()
         assert t.stop(h, grace_s=1) == STOP_KILL
         assert 1 <= time.monotonic() - t0 < 4
-        assert not processes(tag) and not cgroup_dirs(h.mark)
+        assert not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
         h = start(t, tag, wipe=False)
         t0 = time.monotonic()
         t.kill(h)
-        assert time.monotonic() - t0 < 2 and not processes(tag) and not cgroup_dirs(h.mark)
+        assert time.monotonic() - t0 < 2 and not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
     finally:
         t.close()
 
@@ -146,7 +131,7 @@ def test_a_worker_that_ended_by_itself_has_its_daemons_ended_at_the_stop(mode, t
         wait(lambda: not t.alive(h), 5, "the worker's own end")
         assert t.exit_status(h) == 3 and len(sleepers(tag)) == 2, "its daemons outlive it"
         assert t.stop(h, grace_s=5) == STOP_GONE
-        assert not processes(tag) and not cgroup_dirs(h.mark)
+        assert not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
     finally:
         t.close()
 
@@ -162,7 +147,7 @@ def test_a_worker_that_cannot_join_its_cgroup_starts_and_is_found_by_its_mark(ta
         monkeypatch.setattr(t.cleanup, "prepare", refused)
         h = start(t, tag, wipe=False)
         assert t.cleanup_of(NODE) == ENVIRON
-        assert t.stop(h, grace_s=5) == STOP_TERM and not processes(tag)
+        assert t.stop(h, grace_s=5) == STOP_TERM and not processes_with_cmdline(tag)
     finally:
         t.close()
 
@@ -216,8 +201,8 @@ def test_the_next_start_ends_what_a_crashed_run_left_and_nothing_of_a_live_one(m
         assert bool(dead) == (mode != ENVIRON)
         t = LocalTransport(cleanup=mode)        # the next harvester on this host
         try:
-            wait(lambda: not processes(tag + "1"), 5, "the crashed run's workers and daemons to go",
-                 lambda: processes(tag + "1"))
+            wait(lambda: not processes_with_cmdline(tag + "1"), 5, "the crashed run's workers and daemons to go",
+                 lambda: processes_with_cmdline(tag + "1"))
             assert not [f for f in dead if f.exists()], "and so are its cgroups"
             assert len(sleepers(tag + "2")) == 2, "the live run's are left alone"
         finally:
@@ -226,10 +211,10 @@ def test_the_next_start_ends_what_a_crashed_run_left_and_nothing_of_a_live_one(m
         for p in (crashed, alive):
             p.kill()
             p.wait(10)
-        for pid in processes(tag):
+        for pid in processes_with_cmdline(tag):
             os.kill(pid, 9)
         Cleanup(mode).close()       # the other run is dead now: its folders go too
-    assert not processes(tag)
+    assert not processes_with_cmdline(tag)
 
 
 # ---- over ssh: the same in sh on the node ------------------------------------------------------------
@@ -244,26 +229,26 @@ def test_ssh_workers_join_a_cgroup_on_the_node_and_a_stop_ends_all_of_it(ssh, ta
     node = NodeSpec("node0", "node0")
     h = ssh.start(node, ["/bin/sh", "-c", DAEMONS.format(tag=tag, end="exec sleep 600", wipe=WIPE.format(tag=tag))],
                   {}, str(tmp_path), str(tmp_path / "w.log"))
-    wait(lambda: len(sleepers(tag)) == 3, 10, "the daemons", lambda: processes(tag))
+    wait(lambda: len(sleepers(tag)) == 3, 10, "the daemons", lambda: processes_with_cmdline(tag))
     expected = CGROUP2 if CGROUP2 in mechanisms() else CGROUP1 if CGROUP1 in mechanisms() else ENVIRON
     assert ssh.cleanup_of(node) == expected
     assert ssh.stop(h, grace_s=5) == STOP_TERM
-    assert not processes(tag) and not cgroup_dirs(h.mark)
+    assert not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
     h = ssh.start(node, ["/bin/sh", "-c", DAEMONS.format(tag=tag, end="exec sleep 600", wipe="")], {}, str(tmp_path),
                   str(tmp_path / "w2.log"))
     wait(lambda: len(sleepers(tag)) == 2, 10, "the daemons")
     ssh.kill(h)
-    assert not processes(tag) and not cgroup_dirs(h.mark)
+    assert not processes_with_cmdline(tag) and not cgroup_dirs(h.mark)
 
 
-def test_the_fallback_in_sh_finds_and_kills_a_workers_marked_processes(tag):
+def test_the_fallback_in_sh_finds_and_kills_a_workers_marked_processes_with_cmdline(tag):
     """_members and _mkill of the node's script where no cgroup can be made (its mounts unset)."""
     mark = new_mark()
     env = {**os.environ, ENV_MARK: mark}
     daemon = subprocess.Popen(["setsid", "sh", "-c", f"sleep 4646.{tag} & exec sleep 4747.{tag}"], env=env)
     try:
         wait(lambda: len(sleepers(tag)) == 2, 10, "the marked processes")
-        marked = sorted(processes(tag))
+        marked = sorted(processes_with_cmdline(tag))
         assert daemon.pid in marked
         script = _LIB + f"_cg2=; _cg1=\n_members {mark}\necho --\n_mkill {mark}\n_members {mark}\n"
         r = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, timeout=30)
@@ -271,7 +256,7 @@ def test_the_fallback_in_sh_finds_and_kills_a_workers_marked_processes(tag):
         assert sorted(map(int, before.split())) == marked, r
         assert after.split() == [], r
         daemon.wait(5)
-        wait(lambda: not processes(tag), 5, "their end")
+        wait(lambda: not processes_with_cmdline(tag), 5, "their end")
     finally:
         daemon.kill()
         daemon.wait(5)
@@ -296,6 +281,6 @@ def test_the_first_start_on_a_node_ends_what_a_crashed_run_left_there(ssh, sshd_
     left = lambda: [f for m in cgroup_mounts().values() for f in Path(m, PARENT).glob(f"*.{crashed.pid}.*")]
     assert left() or mechanisms() == [ENVIRON]
     h = ssh.start(NodeSpec("node0", "node0"), ["true"], {}, str(tmp_path), str(tmp_path / "next.log"))
-    wait(lambda: not processes(tag), 10, "what the crashed run left to go", lambda: processes(tag))
+    wait(lambda: not processes_with_cmdline(tag), 10, "what the crashed run left to go", lambda: processes_with_cmdline(tag))
     assert not left()
     ssh.stop(h)

@@ -24,6 +24,7 @@ from core.assemble import build
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from tests.support.accounts import LAUNCHER, unix_account
+from tests.support.procs import processes_with_cmdline
 from tests.support.slurm import slurm_cluster  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
 
@@ -39,25 +40,9 @@ PR_SET_CHILD_SUBREAPER = 36
 FAIL = "sleep 1; echo giving up >&2; exit 3"
 
 
-def job_processes(tag: str) -> dict[int, str]:
-    """Live processes whose command line holds `tag` (the job's daemons): {pid: command line}."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if tag in cmd and state != "Z":
-            out[int(entry.name)] = cmd.strip()
-    return out
-
-
 def daemons(tag: str) -> list[int]:
     """The job's two daemons, once they run (the shell and sudo hold the tag in their script)."""
-    return [p for p, cmd in job_processes(tag).items() if cmd in (f"sleep 4242.{tag}", f"sleep 4343.{tag}")]
+    return [p for p, cmd in processes_with_cmdline(tag).items() if cmd in (f"sleep 4242.{tag}", f"sleep 4343.{tag}")]
 
 
 def worker_cgroups() -> list[Path]:
@@ -71,7 +56,7 @@ def worker_cgroups() -> list[Path]:
 
 
 def kill_all(tag: str) -> None:
-    for pid in job_processes(tag):
+    for pid in processes_with_cmdline(tag):
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
@@ -106,7 +91,7 @@ def run(h, tag: str, how: str, launcher: str = "torchrun", unix: str = "") -> li
     the daemons' PIDs."""
     job = h.submit(spec(tag, FAIL if how == "fail" else RUN_ON, launcher), "alice", unix=unix)
     state = lambda: h.job(job.id).state.value
-    wait(lambda: len(daemons(tag)) == 2, 60, "the job's two daemons", lambda: (state(), job_processes(tag)))
+    wait(lambda: len(daemons(tag)) == 2, 60, "the job's two daemons", lambda: (state(), processes_with_cmdline(tag)))
     seen = daemons(tag)
     if unix:
         uid = pwd.getpwnam(unix).pw_uid
@@ -121,7 +106,7 @@ def run(h, tag: str, how: str, launcher: str = "torchrun", unix: str = "") -> li
     t0 = time.monotonic()
     left: Optional[dict] = None
     while time.monotonic() - t0 < (0.5 if how == "shutdown" else 15):
-        left = job_processes(tag)
+        left = processes_with_cmdline(tag)
         if not left:
             break
         time.sleep(0.1)
@@ -139,7 +124,7 @@ def test_local_workers_leave_no_process(tmp_path, tag, how, launcher):
     finally:
         if how != "shutdown":
             h.close()
-    assert not job_processes(tag) and not worker_cgroups()
+    assert not processes_with_cmdline(tag) and not worker_cgroups()
 
 
 @pytest.fixture
@@ -180,7 +165,7 @@ def test_jobs_run_as_their_owner_leave_no_process(tmp_path, tag, how, account, r
     finally:
         if how != "shutdown":
             h.close()
-    assert not job_processes(tag) and not worker_cgroups()
+    assert not processes_with_cmdline(tag) and not worker_cgroups()
 
 
 @pytest.mark.parametrize("how", ["cancel", "shutdown"])
@@ -194,7 +179,7 @@ def test_ssh_workers_leave_no_process(tmp_path, tag, how, sshd_server):
     finally:
         if how != "shutdown":
             h.close()
-    assert not job_processes(tag) and not worker_cgroups()
+    assert not processes_with_cmdline(tag) and not worker_cgroups()
 
 
 @pytest.mark.parametrize("how", ["cancel", "pilot"])
@@ -208,18 +193,18 @@ def test_workers_in_slurm_pilots_leave_no_process(slurm_cluster, tmp_path, tag, 
     try:
         job = h.submit(spec(tag, RUN_ON, "torchrun"), "alice")
         wait(lambda: len(daemons(tag)) == 4, 90, "the daemons of the job's two ranks (one per GPU) in a pilot",
-             lambda: (h.job(job.id).state.value, job_processes(tag)))
-        before = set(job_processes(tag))
+             lambda: (h.job(job.id).state.value, processes_with_cmdline(tag)))
+        before = set(processes_with_cmdline(tag))
         if how == "cancel":
             h.cancel(job.id)
         else:                   # the job goes on in a new pilot: only the old one's processes must go
             cluster.run("scancel", h.source.hub.link("node1").job)
-        left = lambda: {p: cmd for p, cmd in job_processes(tag).items() if p in before}
+        left = lambda: {p: cmd for p, cmd in processes_with_cmdline(tag).items() if p in before}
         wait(lambda: not left(), 15, f"the job's processes to go after the {how}", left)
     finally:
         h.close()
     cluster.wait_quiet()
-    assert not job_processes(tag)
+    assert not processes_with_cmdline(tag)
 
 
 def test_the_daemons_are_what_the_process_group_misses(tmp_path, tag):
@@ -236,4 +221,4 @@ def test_the_daemons_are_what_the_process_group_misses(tmp_path, tag):
         assert worker.pid in ppids and len(ppids) == 2, "one is the worker's child, the other an orphan"
     finally:
         h.close()
-    assert not job_processes(tag)
+    assert not processes_with_cmdline(tag)

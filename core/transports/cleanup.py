@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -228,30 +228,19 @@ def marked(marks: Iterable[str]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {m: [] for m in needles.values()}
     if not needles:
         return out
-    head = f"{ENV_MARK}=".encode()
     me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for pid, env in _environs(f"{ENV_MARK}=".encode()):
+        if pid == me:
             continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if head in env:
-            for item in env.split(b"\0"):
-                if item in needles:
-                    out[needles[item]].append(int(entry.name))
-                    break
+        for item in env.split(b"\0"):
+            if item in needles:
+                out[needles[item]].append(pid)
+                break
     return {m: _live(pids) for m, pids in out.items()}
 
 
-def marked_by_dead(prefix: str) -> dict[int, str]:
-    """The live processes marked by a harvester instance of `prefix` (this host and PID
-    namespace) that has ended: {pid: mark}."""
-    head = f"{ENV_MARK}={prefix}.".encode()
-    out: dict[int, str] = {}
-    dead: dict[str, bool] = {}
+def _environs(head: bytes) -> Iterator[tuple[int, bytes]]:
+    """(pid, environment) of each process whose environment holds `head`: one pass over /proc."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -260,8 +249,17 @@ def marked_by_dead(prefix: str) -> dict[int, str]:
                 env = f.read()
         except OSError:
             continue
-        if head not in env:
-            continue
+        if head in env:
+            yield int(entry.name), env
+
+
+def marked_by_dead(prefix: str) -> dict[int, str]:
+    """The live processes marked by a harvester instance of `prefix` (this host and PID
+    namespace) that has ended: {pid: mark}."""
+    head = f"{ENV_MARK}={prefix}.".encode()
+    out: dict[int, str] = {}
+    dead: dict[str, bool] = {}
+    for pid, env in _environs(head):
         for item in env.split(b"\0"):
             if item.startswith(head):
                 mark = item.decode("ascii", "replace").partition("=")[2]
@@ -270,7 +268,7 @@ def marked_by_dead(prefix: str) -> dict[int, str]:
                     if inst not in dead:
                         dead[inst] = instance_dead(inst, prefix)
                     if dead[inst]:
-                        out[int(entry.name)] = mark
+                        out[pid] = mark
                 break
     live = set(_live(out))
     return {p: m for p, m in out.items() if p in live}

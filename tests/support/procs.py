@@ -50,3 +50,19 @@ def environ_of(pid: int) -> dict[str, str]:
     """A process's environment as it was started."""
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if item)
+
+
+def processes_with_cmdline(tag: str) -> dict[int, str]:
+    """Live processes whose command line holds `tag`: {pid: command line}."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if tag in cmd and state != "Z":
+            out[int(entry.name)] = cmd.strip()
+    return out
