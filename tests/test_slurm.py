@@ -126,9 +126,11 @@ def _acceptance(app, cluster):
         cluster.start_controller()
     wait(lambda: clu()["source"]["state"] == "ok", 30, "the source back to ok", clu)
     assert get()["nodes"] == 8 and get()["state"] == "running"
-    main = cluster.sbatch("-p", "main", "-N", "2", "--wrap", "sleep 1", "-o", "/dev/null")
+    # long enough that the job stands on 6 nodes: a 1 s main job can end, and its nodes come back,
+    # before the shrink's regroup is over, and the job then never stands on 6 (CI saw that once)
+    main = cluster.sbatch("-p", "main", "-N", "2", "--wrap", "sleep 20", "-o", "/dev/null")
     wait(world(6), 30, "a leave after slurmctld's return", workers)
-    wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 30, "the main job's end")
+    wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 45, "the main job's end")
     return jid
 
 
