@@ -51,6 +51,7 @@ class HarvesterCollector:
             c.add_metric([kind], n)
         yield c
         yield from usage_counters()
+        yield from pilot_counters()
         st = snap.solve_times
         buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, st.le)] + [("+Inf", st.count)]
         hist = HistogramMetricFamily("harvest_solver_seconds", "Allocator solve time per decision")
@@ -73,6 +74,32 @@ def usage_counters():
         for family, value in zip(families, (t.node_seconds, t.gpu_seconds, t.samples)):
             family.add_metric([row.key], value)
     yield from families
+
+
+def pilot_counters():
+    """A Slurm source's pilots (core/slurm/stats.py): what it sent slurmctld, what main jobs took
+    back, how fast it got off their nodes. Nothing for other sources."""
+    stats = getattr(getattr(context.harvester, "source", None), "stats", None)
+    if stats is None:
+        return
+    s = stats.snapshot()
+    c = CounterMetricFamily("harvest_slurm_pilots", "Pilot jobs by what happened to them: submitted with "
+                            "sbatch, cancelled by the harvester, preempted by Slurm, lost without a word",
+                            labels=["outcome"])
+    for outcome, n in s["counts"].items():
+        c.add_metric([outcome], n)
+    yield c
+    g = GaugeMetricFamily("harvest_slurm_hub_connections", "Pilots connected to the hub now")
+    g.add_metric([], s["connections"])
+    yield g
+    g = GaugeMetricFamily("harvest_slurm_hub_connections_peak", "Most pilots connected at once since the start")
+    g.add_metric([], s["peak_connections"])
+    yield g
+    hist = HistogramMetricFamily("harvest_slurm_vacate_seconds", "From Slurm's signal to a pilot until it "
+                                 "is gone from the hub, its workers stopped")
+    hist.add_metric([], [("+Inf" if b == float("inf") else repr(b), n) for b, n in s["vacate_buckets"]],
+                    s["vacate_sum_s"])
+    yield hist
 
 
 def register(server: flask.Flask) -> None:

@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.web import source_badge
 from core.assemble import build
@@ -64,6 +65,14 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
     wait(lambda: not processes_with_env(f"HARVEST_JOB={jid}"), 15, "every worker gone with its pilot")
 
 
+def metrics(app) -> dict[tuple, float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    status, text = app.get("/metrics")
+    assert status == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 def _acceptance(app, cluster):
     clu = lambda: app.get("/api/cluster")[1]
     c = clu()
@@ -104,6 +113,13 @@ def _acceptance(app, cluster):
     wait(lambda: all(nodes()[n]["state"] == "busy" and nodes()[n]["source"] == "Slurm: allocated" for n in taken),
          5, "the grid to show the main job's nodes busy, allocated in Slurm", nodes)
     wait(lambda: not pilot_processes(pilots[n] for n in taken), 10, "nothing left of the preempted pilots")
+    m = wait(lambda: (lambda m: m if m.get(("harvest_slurm_vacate_seconds_count", ())) == 4 else None)(metrics(app)),
+             5, "4 vacates in /metrics", lambda: metrics(app))
+    assert m[("harvest_slurm_pilots_total", (("outcome", "preempted"),))] == 4, m
+    assert m[("harvest_slurm_pilots_total", (("outcome", "submitted"),))] == 8, m
+    assert m[("harvest_slurm_pilots_total", (("outcome", "lost"),))] == 0, m
+    assert m[("harvest_slurm_hub_connections",())] == 4 and m[("harvest_slurm_hub_connections_peak", ())] == 8, m
+    assert 0 < m[("harvest_slurm_vacate_seconds_sum", ())] < 4 * 5.0, "each vacate within the pilot's grace"
     wait(lambda: workers()["committed_step"] > step + 5, 30, "the job to keep training on 4 nodes", workers)
 
     # the main job ends: the 4 nodes are harvested again and the job grows back
@@ -126,11 +142,12 @@ def _acceptance(app, cluster):
         cluster.start_controller()
     wait(lambda: clu()["source"]["state"] == "ok", 30, "the source back to ok", clu)
     assert get()["nodes"] == 8 and get()["state"] == "running"
-    # long enough that the job stands on 6 nodes: a 1 s main job can end, and its nodes come back,
-    # before the shrink's regroup is over, and the job then never stands on 6 (CI saw that once)
+    # long enough that the job stands on 6 nodes (cancelled then): a 1 s main job can end, and its
+    # nodes come back, before the shrink's regroup is over, and the job never stands on 6 (CI, once)
     main = cluster.sbatch("-p", "main", "-N", "2", "--wrap", "sleep 20", "-o", "/dev/null")
     wait(world(6), 30, "a leave after slurmctld's return", workers)
-    wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 45, "the main job's end")
+    cluster.run("scancel", main)
+    wait(lambda: cluster.job_state(main) not in ("PENDING", "RUNNING", "COMPLETING"), 30, "the main job's end")
     return jid
 
 

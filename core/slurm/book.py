@@ -54,6 +54,16 @@ class PilotBook:
             return (len(self.held), len(self.in_use & set(self.held)),
                     sum(1 for p in self.pilots.values() if not p.running), min(self.demand, self.settings.max_pilots))
 
+    def cancelling(self, jobs: Collection[str]) -> None:
+        """These pilots are being cancelled by us: their end is neither a failure nor a preemption."""
+        with self.lock:
+            self._cancelled |= set(jobs)
+
+    def was_cancelled(self, job: str) -> bool:
+        """Whether the harvester cancelled this pilot (its signal was ours, not a main job's)."""
+        with self.lock:
+            return job in self._cancelled
+
     # ---- pilots talking -----------------------------------------------------------------------
     def hello(self, link: PilotLink) -> str:
         """A pilot connected: 'join' (its node is harvested now), 'adopted' (a pilot of the

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 from .cli import valid_job_id
 from .lobby import Lobby
+from .stats import PilotStats
 from .tls import server_context
 from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, WELCOME, Wire
 
@@ -113,8 +114,10 @@ class PilotHub:
                  on_leave: Callable[[PilotLink, str], None], host: str = "127.0.0.1", port: int = 0,
                  max_connections: int = MAX_CONNECTIONS, hello_timeout_s: float = HELLO_TIMEOUT_S,
                  send_timeout_s: float = SEND_TIMEOUT_S,
-                 identity: Optional[tuple[str, str]] = None) -> None:
-        """`identity`: the certificate and key (PEM) to show pilots; a fresh one if None."""
+                 identity: Optional[tuple[str, str]] = None, stats: Optional[PilotStats] = None) -> None:
+        """`identity`: the certificate and key (PEM) to show pilots; a fresh one if None.
+        `stats`: where connections and vacate times are counted (a private one if None)."""
+        self.stats = stats if stats is not None else PilotStats()
         self.token = token
         self.on_hello = on_hello
         self.on_leave = on_leave
@@ -208,6 +211,7 @@ class PilotHub:
             self._links[link.node] = link
             self._by_job[link.job] = link
             self._serving += 1
+        self.stats.connected(+1)
         return None
 
     def _unregister(self, link: PilotLink) -> None:
@@ -217,6 +221,7 @@ class PilotHub:
             if self._by_job.get(link.job) is link:
                 del self._by_job[link.job]
             self._serving -= 1
+        self.stats.connected(-1)
 
     def _serve(self, link: PilotLink) -> None:
         try:
@@ -235,6 +240,8 @@ class PilotHub:
             link.closed.set()
             link.wire.close()
             self._unregister(link)
+            if said_leaving and link.signalled_at is not None:
+                self.stats.vacated(time.time() - link.signalled_at)
             if not said_leaving:
                 self.on_leave(link, f"pilot {link.job} lost its connection")
 

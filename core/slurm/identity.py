@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..privatefiles import write_private
 from .hub import PilotHub, PilotLink
+from .stats import PilotStats
 from .settings import SlurmSettings
 from .tls import new_identity
 
@@ -78,14 +79,15 @@ def kept(s: SlurmSettings) -> tuple[HubIdentity, bool]:
 
 
 def open_hub(s: SlurmSettings, ident: HubIdentity, on_hello: Callable[[PilotLink], None],
-             on_leave: Callable[[PilotLink, str], None]) -> PilotHub:
+             on_leave: Callable[[PilotLink, str], None], stats: Optional[PilotStats] = None) -> PilotHub:
     """The hub, on the kept port unless the settings name one (then the earlier run's pilots
     cannot redial and are given back after `pending_timeout_s`); its port is kept too."""
     port = s.hub_port or ident.port
 
     def hub(port: int) -> PilotHub:
         return PilotHub(ident.token, on_hello, on_leave, s.hub_host, port,
-                        max_connections=s.hub_connection_cap, identity=(ident.cert_pem, ident.key_pem))
+                        max_connections=s.hub_connection_cap, identity=(ident.cert_pem, ident.key_pem),
+                        stats=stats)
     try:
         h = hub(port)
     except OSError as e:

@@ -54,6 +54,7 @@ from .book import PilotBook
 from .cli import BadJobId, SlurmCli, SlurmNode, SlurmUnavailable
 from .hub import PilotHub, PilotLink
 from .settings import SlurmSettings
+from .stats import PilotStats
 from .watch import resolve_watch
 
 __all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
@@ -118,12 +119,13 @@ class SlurmSource(LiveNodeSource):
         self._wake: Optional[Callable[[], None]] = None
         self.hub: Optional[PilotHub] = None
         self.joins = JoinHold()
+        self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         log.info("Slurm %s: watching %d node(s) of partition %s", self.version, len(self.book.names), s.partition)
         if not s.dry_run:
             ident, restarted = identity.kept(s)
             self._token = ident.token
-            self.hub = identity.open_hub(s, ident, self._on_hello, self._on_leave)
+            self.hub = identity.open_hub(s, ident, self._on_hello, self._on_leave, self.stats)
             self._take_over_leftovers(restarted)
 
     # ---- LiveNodeSource ----------------------------------------------------------------------
@@ -199,6 +201,7 @@ class SlurmSource(LiveNodeSource):
         jobs = self.book.closing()
         try:
             self.cli.cancel(jobs)
+            self.stats.count("cancelled", len(jobs))
         except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel pilots %s (%s); a restarted harvester adopts them, or they end "
                         "after the orphan timeout", jobs, e)
@@ -220,6 +223,10 @@ class SlurmSource(LiveNodeSource):
         self._poke()
 
     def _on_leave(self, link: PilotLink, why: str) -> None:
+        if not link.leaving:
+            self.stats.count("lost")
+        elif not self.book.was_cancelled(link.job):
+            self.stats.count("preempted")
         if self.book.leave(link, why):
             self._poke()
         if not link.leaving and not self._stop.is_set():
@@ -299,6 +306,8 @@ class SlurmSource(LiveNodeSource):
                 return
             finally:
                 self.book.submitted(job, node)
+                if job is not None:
+                    self.stats.count("submitted")
 
     def _dry_run(self) -> None:
         would = tuple(self.free_nodes()[:self.settings.max_pilots])
@@ -335,7 +344,10 @@ class SlurmSource(LiveNodeSource):
             self._cancel_quietly(cancel)
 
     def _cancel_quietly(self, jobs: list[str]) -> None:
+        self.book.cancelling(jobs)
         try:
             self.cli.cancel(jobs)
         except (SlurmUnavailable, BadJobId) as e:
             log.warning("could not cancel %s: %s", ", ".join(jobs), e)
+        else:
+            self.stats.count("cancelled", len(jobs))
