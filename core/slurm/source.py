@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 STARTING_S = 10.0
 #: ... but no join waits longer than this for the pilots starting after it
 JOIN_HOLD_CAP_S = 30.0
+#: squeue is the backstop for pilots that ended without a word (a pilot's own end closes its
+#: connection at once): read at every poll while a pilot of ours is pending or starting, else
+#: this often. sinfo is read at every poll: it finds the nodes to harvest.
+SQUEUE_BACKSTOP_S = 5.0
 
 
 @dataclass
@@ -121,6 +125,7 @@ class SlurmSource(LiveNodeSource):
         self.joins = JoinHold()
         self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
+        self._squeue_at = -float("inf")   # monotonic: the last squeue read
         log.info("Slurm %s: watching %d node(s) of partition %s", self.version, len(self.book.names), s.partition)
         if not s.dry_run:
             ident, restarted = identity.kept(s)
@@ -251,9 +256,12 @@ class SlurmSource(LiveNodeSource):
         asked = time.monotonic()
         with self.book.lock:
             known = {j for j, p in self.book.pilots.items() if p.submitted < asked}
+            waiting = any(not p.running for p in self.book.pilots.values())
+        read_jobs = not self.settings.dry_run and (
+            waiting or self._status.state != SOURCE_OK or asked - self._squeue_at >= SQUEUE_BACKSTOP_S)
         try:
             nodes = self.cli.nodes()
-            jobs = [] if self.settings.dry_run else self.cli.jobs(self.settings.pilot_name, self.user)
+            jobs = self.cli.jobs(self.settings.pilot_name, self.user) if read_jobs else None
         except SlurmUnavailable as e:
             self._set_status(SOURCE_STALE, f"cannot read Slurm: {e}")
             return
@@ -262,7 +270,9 @@ class SlurmSource(LiveNodeSource):
             self._dry_run()
             return
         self._set_status(SOURCE_OK, "")
-        self._check_pilots({j.id: j for j in jobs}, known)
+        if jobs is not None:
+            self._squeue_at = asked
+            self._check_pilots({j.id: j for j in jobs}, known)
         self._trim()
         self._submit()
 
