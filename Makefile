@@ -44,6 +44,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.rescale
 	$(PY) -m bench.vacate
 	$(PY) -m bench.slurm
+	$(PY) -m bench.facility
 	$(PY) -m bench.jpa
 
 clean:

@@ -452,7 +452,7 @@ def report(sl: Slice, version: str, without: PassResult, with_: PassResult, repl
     return {
         "nodes": len(sl.names), "slurm": version, "start": iso(sl.start), "hours": round((sl.end - sl.start) / 3600, 3),
         "compress": sl.compress, "window_s": round(sl.window_s, 1), "main_jobs": len(sl.jobs),
-        "main_jobs_played": len(both), "main_jobs_wrong": wrong,
+        "main_jobs_clocked": sum(not j.initial for j in sl.jobs), "main_jobs_played": len(both), "main_jobs_wrong": wrong,
         "main_delay_ms": {"without": dist(list(d0.values())), "with": dist(list(d1.values()))},
         "added_delay_ms_p50": round(percentile(added, 0.5), 1) if added else None,
         "added_delay_ms_p95": round(percentile(added, 0.95), 1) if added else None,

@@ -1,0 +1,91 @@
+"""bench.facility (issue 48): the slice it cuts from a trace, the figures it reads from sdiag and
+/metrics, and a whole run on a small slice of the real Summit trace on a real Slurm, whose
+invariants are checked: every main job ran on its own node in both passes, a delay was
+measured for each, and no pilot was left. The figures themselves are the bench's to report
+(README), not this test's: on a shared 2-core machine they vary from run to run."""
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+from bench.facility import histogram_quantile, parse_sdiag, take_slice
+from core.timeutil import parse_iso
+from tests.test_bench_quick import last_json
+from tests.support.procs import run_module
+
+T0 = parse_iso("2021-02-10T00:00:00Z")
+
+
+def trace(tmp_path: Path, rows: list[tuple[float, str, str]]) -> Path:
+    p = tmp_path / "t.csv.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write("time,node,state\n")
+        for t, node, state in rows:
+            fh.write(f"2021-02-10T{int(t) // 3600:02d}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}Z,{node},{state}\n")
+    return p
+
+
+def test_the_slice_has_a_main_job_per_busy_period_cut_to_the_window_and_compressed(tmp_path):
+    # a01n1 idle before the window, busy 600-1800, idle again; a01n2 busy throughout except
+    # 1200-1500; a01n3 never idle (picked last, to fill up); a01n0 idle in no window
+    t = trace(tmp_path, [(100, "a01n1", "idle"), (600, "a01n1", "busy"), (1200, "a01n2", "idle"),
+                         (1500, "a01n2", "busy"), (1800, "a01n1", "idle")])
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("a01n0\na01n1\na01n2\na01n3\n")
+    sl = take_slice(t, nodes, 3, T0 + 300, 0.5, 10.0)       # window 300-2100 s, 180 s compressed
+    assert sl.summit == ["a01n1", "a01n2", "a01n0"] and sl.names == ["node1", "node2", "node3"]
+    got = [(j.node, round(j.at, 3), round(j.run_s, 3), j.initial) for j in sl.jobs]
+    assert got == [("node2", 0.0, 90.0, True), ("node3", 0.0, 180.0, True), ("node1", 30.0, 120.0, False),
+                   ("node2", 120.0, 60.0, False)], got
+    assert [j.idx for j in sl.jobs] == [0, 1, 2, 3]
+    # idle: a01n1 300-600 and 1800-2100, a01n2 1200-1500: 900 s, 90 s compressed
+    assert math.isclose(sl.idle_node_s, 90.0) and math.isclose(sl.window_s, 180.0)
+    assert sl.lines[0] == (T0 + 299, "node1", "idle")      # idle at the start: before it
+    assert [(round(x - T0 - 300, 3), n, s) for x, n, s in sl.lines[1:]] == [
+        (30.0, "node1", "busy"), (90.0, "node2", "idle"), (120.0, "node2", "busy"), (150.0, "node1", "idle")]
+
+
+def test_sdiag_and_histogram_readers():
+    text = """Main schedule statistics (microseconds):
+\tLast cycle:   120
+\tMax cycle:    2705
+\tTotal cycles: 10
+\tMean cycle:   683
+Backfilling stats
+\tMean cycle: 44
+Remote Procedure Call statistics by message type
+\tREQUEST_PARTITION_INFO                  ( 2009) count:7      ave_time:175    total_time:1230
+\tREQUEST_JOB_INFO                        ( 2003) count:3      ave_time:175    total_time:1230
+Remote Procedure Call statistics by user
+\troot            (       0) count:160    ave_time:225    total_time:36130
+\talice           (    1000) count:2      ave_time:25     total_time:50
+Pending RPC statistics
+\tNo pending RPCs
+"""
+    s = parse_sdiag(text)
+    assert s["main"] == {"Last cycle": 120, "Max cycle": 2705, "Total cycles": 10, "Mean cycle": 683}
+    assert s["backfill"] == {"Mean cycle": 44}
+    assert s["types"] == {"REQUEST_PARTITION_INFO": 7, "REQUEST_JOB_INFO": 3}
+    assert s["users"] == {"root": 160, "alice": 2}
+    h = {("v_bucket", (("le", "0.1"),)): 2.0, ("v_bucket", (("le", "0.2"),)): 4.0,
+         ("v_bucket", (("le", "+Inf"),)): 4.0}
+    assert math.isclose(histogram_quantile(h, "v", 0.5), 0.1)
+    assert math.isclose(histogram_quantile(h, "v", 0.75), 0.15)
+    assert histogram_quantile({}, "v", 0.5) is None
+
+
+def test_a_small_slice_on_a_real_slurm_every_main_job_ran_on_its_node():
+    out = last_json(run_module("bench.facility", "--quick", "--json", timeout=600))
+    assert out["nodes"] == 16 and out["main_jobs"] > out["main_jobs_clocked"] > 0
+    assert out["main_jobs_wrong"] == {"without": [], "with": []}, "every main job ran, on its own node"
+    assert out["main_jobs_played"] == out["main_jobs_clocked"], "a delay measured for each, in both passes"
+    for d in out["main_delay_ms"].values():
+        assert 0 < d["p50"] <= d["p99"] <= d["max"]
+    assert out["pilots_left"] == [], "no pilot left"
+    p = out["pilots"]
+    assert p["submitted"] >= out["hub_connections_peak"] > 0 and p["lost"] == 0
+    assert out["vacates"] >= p["preempted"] > 0, "main jobs took nodes back from pilots"
+    assert 0 < out["harvest_share"] <= out["held_share"] <= 1.1 and out["replay_share"] > 0
+    assert out["harvester_cpu_pct"] > 0 and out["harvester_rss_mb"] > 0 and out["cold_start_s"] is not None
+    assert out["root_rpc_per_s"]["with"] > out["root_rpc_per_s"]["without"]
