@@ -187,7 +187,7 @@ def test_job_ids_that_look_like_options_never_reach_slurm(tmp_path, monkeypatch)
     cli.cancel(["12", "3_4"])
     cli.jobs(name="harvest-pilot", user="alice")
     assert calls(record) == [["scancel", "--", "12", "3_4"], ["sinfo", "--version"],
-                             ["squeue", "--all", "--noheader", "--states=all", "--format=%i|%T|%N|%P|%u|%r|%j",
+                             ["squeue", "--noheader", "--states=all", "--format=%i|%T|%N|%P|%u|%r|%j",
                               "--name=harvest-pilot", "--user=alice"]]
 
     # the whole way: hellos to the source's hub for a node it does not watch (a stray pilot,

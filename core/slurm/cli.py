@@ -106,12 +106,11 @@ class SlurmCli:
 
     def jobs(self, name: str = "", user: str = "") -> list[SlurmJob]:
         """Jobs slurmctld knows (ended ones included for MinJobAge), optionally only those with
-        this name and user. `--all`: squeue then skips the partition read it makes only to hide
-        jobs of hidden partitions (one slurmctld RPC fewer per poll)."""
+        this name and user."""
         for what, value in (("job name", name), ("user name", user)):
             if value and not FILTER_VALUE.fullmatch(value):
                 raise ValueError(f"not a Slurm {what}: {value!r}")
-        argv = (["squeue", "--all", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+        argv = (["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
                 + ([f"--name={name}"] if name else []) + ([f"--user={user}"] if user else []))
         return [j for j in self._read("jobs", parse_jobs, argv)
                 if (not name or j.name == name) and (not user or j.user == user)]

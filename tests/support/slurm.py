@@ -58,7 +58,7 @@ VERSIONS = (HOST_VERSION, *RELEASES)
 DEFAULT_VERSIONS = (HOST_VERSION, "24.11")
 VERSIONS_ENV = "HARVEST_SLURM_VERSIONS"
 #: the Slurm commands a chrooted version gets a wrapper for
-CLIENTS = ("sinfo", "squeue", "sbatch", "scancel", "scontrol", "sacctmgr", "sacct", "srun")
+CLIENTS = ("sinfo", "squeue", "sbatch", "scancel", "scontrol", "sacctmgr", "sacct", "srun", "sdiag")
 #: the stable text formats the helpers read (the job name last: it may hold a `|`)
 SQUEUE_FIELDS = ("job_id", "job_state", "nodes", "partition", "user_name", "state_reason", "name")
 SQUEUE_FORMAT = "%i|%T|%N|%P|%u|%r|%j"
