@@ -201,12 +201,12 @@ def test_a_script_that_raises_at_start_fails_once_with_its_exception(app):
     assert app.get(f"/api/jobs/{jid}/logs", token=app.token("bob"))[0] == 403
 
 
-def test_the_readme_torchrun_template_trains_through_a_restart(app):
-    """The README's minimal torchrun script, as a user copies it (its steps slowed to 20 ms and
+def test_the_docs_torchrun_template_trains_through_a_restart(app):
+    """The minimal torchrun script of the docs (docs/users/torchrun.md), as a user copies it (its steps slowed to 20 ms and
     its total halved, so that the restart comes mid-way and the test stays short): on 2 nodes, restarted on 1
     when staff reclaim a node (every rank stops at the same step, rank 0 checkpoints, no rank
     prints a traceback), and done with exactly its samples."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "users" / "torchrun.md").read_text()
     block = text[text.index("A minimal script that meets the contract"):].split("```python\n", 1)[1].split("```")[0]
     script = app.tmp / "template.py"
     assert block.count("    step += 1\n") == 1 and block.count("GLOBAL_BATCH, TOTAL = 64, 64_000") == 1
