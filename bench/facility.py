@@ -212,6 +212,7 @@ class PassResult:
     cold_start_s: Optional[float] = None
     submit_late_ms: list[float] = field(default_factory=list)
     sent_at: dict[int, float] = field(default_factory=dict)                # idx -> wall time sbatch returned
+    samples: list[tuple[float, int, int]] = field(default_factory=list)    # (s after the clock, held, used)
 
 
 def sbatch_main(cluster, job: MainJob, marks: Path) -> None:
@@ -358,6 +359,7 @@ def play(sl: Slice, jobs: list[Job], harvester: bool, version: str, folder: Path
                 now = time.monotonic()
                 res.held_node_s += k["idle"] * (now - last)
                 res.used_node_s += k["harvested"] * (now - last)
+                res.samples.append((now - mono0, k["idle"], k["harvested"]))
                 last = now
 
         sampler = threading.Thread(target=sample, daemon=True) if app else None
@@ -532,6 +534,63 @@ def print_table(r: dict) -> None:
     print(f"{'cold start (pilots on every idle node, used)':<46} {r['cold_start_s']} s")
 
 
+def idle_over_time(sl: Slice) -> tuple[list[float], list[int]]:
+    """The slice's idle node count as a step function of seconds after the clock started."""
+    state = {n: st == "idle" for t, n, st in sl.lines if t < sl.start}
+    xs, ys = [0.0], [sum(state.values())]
+    for t, n, st in sl.lines:
+        if t >= sl.start:
+            state[n] = st == "idle"
+            xs.append(t - sl.start)
+            ys.append(sum(state.values()))
+    xs.append(sl.window_s)
+    ys.append(ys[-1])
+    return xs, ys
+
+
+def plot(sl: Slice, without: PassResult, with_: PassResult, r: dict, path: Path) -> Path:
+    """Two panels: the main jobs' start delay CDF without and with the harvester, and the idle
+    nodes of the slice against those pilots held and jobs used. An HTML file (plotly), and a PNG
+    of it where Playwright and Chromium are installed (make test installs both)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "main-job start delay (trace time -> running)",
+        f"idle nodes and what the harvester held ({r['nodes']} nodes, Slurm {r['slurm']})"))
+    for name, res, colour in (("without the harvester", without, "#7f7f7f"), ("with the harvester", with_, "#d62728")):
+        d = sorted(delays_ms(sl, res).values())
+        fig.add_trace(go.Scatter(x=[v / 1000 for v in d], y=[(i + 1) / len(d) for i in range(len(d))],
+                                 mode="lines", line_shape="hv", name=name, line_color=colour), 1, 1)
+    xs, ys = idle_over_time(sl)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name="idle in the trace",
+                             line_color="#7f7f7f"), 1, 2)
+    t = [x for x, _, _ in with_.samples]
+    fig.add_trace(go.Scatter(x=t, y=[h for _, h, _ in with_.samples], mode="lines", name="held by pilots",
+                             line_color="#1f77b4"), 1, 2)
+    fig.add_trace(go.Scatter(x=t, y=[u for _, _, u in with_.samples], mode="lines", name="used by jobs",
+                             line_color="#2ca02c", line_dash="dot"), 1, 2)
+    fig.update_xaxes(title_text="seconds", row=1, col=1)
+    fig.update_yaxes(title_text="share of main jobs", row=1, col=1)
+    fig.update_xaxes(title_text=f"seconds of the played window (x{sl.compress:g})", row=1, col=2)
+    fig.update_yaxes(title_text="nodes", row=1, col=2)
+    fig.update_layout(width=1300, height=480, template="plotly_white", margin=dict(l=60, r=20, t=50, b=50))
+    html = path.with_suffix(".html")
+    fig.write_html(html, include_plotlyjs=True)
+    try:
+        from playwright.sync_api import sync_playwright
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
+            page = b.new_page(viewport={"width": 1300, "height": 480})
+            page.goto(html.resolve().as_uri())
+            page.wait_for_selector(".main-svg")
+            page.screenshot(path=str(path.with_suffix(".png")))
+            b.close()
+        return path.with_suffix(".png")
+    except Exception as e:                 # no Playwright or Chromium here: the HTML stands
+        log(f"no PNG ({e}); the plot is {html}")
+        return html
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.facility", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
@@ -545,6 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=Path, default=DEFAULT_JOBS)
     ap.add_argument("--job-count", type=int, default=10)
     ap.add_argument("--keep", type=Path, help="keep Slurm's, the harvester's and the pilots' files here")
+    ap.add_argument("--plot", type=Path, help="write the delay CDF and harvest-over-time plot here (.png/.html)")
+    ap.add_argument("--save", type=Path, help="write the result JSON here as well")
     ap.add_argument("--quick", action="store_true", help="16 nodes, a short slice: checks every step, not the figures")
     return ap
 
@@ -575,6 +636,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     r = report(sl, version, without, with_, replay)
     r["bench_s"] = round(time.monotonic() - t0, 1)
     print_table(r)
+    if args.plot:
+        log(f"plot: {plot(sl, without, with_, r, args.plot)}")
+    if args.save:
+        args.save.write_text(json.dumps(r, indent=1) + "\n")
     if args.json:
         print(json.dumps(r))
     if not args.keep:

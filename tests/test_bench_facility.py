@@ -6,13 +6,13 @@ measured for each, and no pilot was left. The figures themselves are the bench's
 from __future__ import annotations
 
 import gzip
+import json
 import math
 from pathlib import Path
 
 from bench.facility import histogram_quantile, parse_sdiag, take_slice
 from core.timeutil import parse_iso
-from tests.test_bench_quick import last_json
-from tests.support.procs import run_module
+from tests.support.procs import last_json, run_module
 
 T0 = parse_iso("2021-02-10T00:00:00Z")
 
@@ -75,8 +75,11 @@ Pending RPC statistics
     assert histogram_quantile({}, "v", 0.5) is None
 
 
-def test_a_small_slice_on_a_real_slurm_every_main_job_ran_on_its_node():
-    out = last_json(run_module("bench.facility", "--quick", "--json", timeout=600))
+def test_a_small_slice_on_a_real_slurm_every_main_job_ran_on_its_node(tmp_path):
+    out = last_json(run_module("bench.facility", "--quick", "--json", "--plot", str(tmp_path / "f.png"),
+                               "--save", str(tmp_path / "f.json"), timeout=600))
+    assert (tmp_path / "f.png").stat().st_size > 20_000 and (tmp_path / "f.html").exists(), "the plot"
+    assert json.loads((tmp_path / "f.json").read_text()) == out
     assert out["nodes"] == 16 and out["main_jobs"] > out["main_jobs_clocked"] > 0
     assert out["main_jobs_wrong"] == {"without": [], "with": []}, "every main job ran, on its own node"
     assert out["main_jobs_played"] == out["main_jobs_clocked"], "a delay measured for each, in both passes"

@@ -4,15 +4,8 @@ These check that the benches work, not how fast anything is (bench.dashboard has
 tests/test_bench_dashboard.py)."""
 from __future__ import annotations
 
-import json
-import subprocess
 
-from tests.support.procs import run_module
-
-
-def last_json(r: subprocess.CompletedProcess) -> dict:
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+from tests.support.procs import last_json, run_module
 
 
 def test_allocator_every_size_solved_and_highs_agrees():

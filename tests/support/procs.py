@@ -2,6 +2,7 @@
 processes a job left behind."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,12 @@ from tests.support.files import ROOT
 def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def last_json(r: subprocess.CompletedProcess) -> dict:
+    """A bench's result: the last stdout line of a run that must have succeeded."""
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def leftovers(job_id: str) -> list[int]:
