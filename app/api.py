@@ -263,7 +263,8 @@ def job(job_id):
     span, learned = horizon_of(snap.config, job_id)
     body["why"] = why(job, info["nodes"], snap.kpis.get("idle", 0), snap.kpis.get("harvested", 0),
                       snap.kpis.get("running", 0), snap.config.get("max_jobs", 0),
-                      span, snap.config.get("policy", ""), profile=profile, learned=learned)
+                      span, snap.config.get("policy", ""), profile=profile, learned=learned,
+                      quota=info.get("quota"), node_cap=info.get("node_cap"))
     return jsonify(body)
 
 

@@ -4,7 +4,9 @@ Users come from a JSON file of hashed passwords (`python -m app.users add NAME`)
 `--users` or `HARVEST_USERS_FILE`, or from `HARVEST_USERS` holding the same JSON. Roles:
 `staff` may pause the harvester and cancel any job, `user` only their own; a user's `unix` field
 names the Unix account their jobs run as (where the site has a launcher, `--run-as`), `account`
-the account or project their usage is reported under (`GET /api/usage?by=account`). The web app keeps
+the account or project their usage is reported under (`GET /api/usage?by=account`), `quota`
+their node cap and node-hours per day or week (with the file's `quota_defaults` and `accounts`:
+core.quotas, docs/operators/quotas.md). The web app keeps
 the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
 (signed with the same secret, valid for `TOKEN_TTL_S`). Both carry a stamp of the user's
 password hash: changing the password (`python -m app.users passwd`) revokes every token and
@@ -28,6 +30,7 @@ from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from core.privatefiles import link_private, write_private
+from core.quotas import QuotaBook
 from core.settings import UNIX_NAME
 
 ROLES = ("staff", "user")
@@ -56,8 +59,10 @@ class User:
 
 
 class Users:
-    def __init__(self, users: dict[str, User], source: str, path: Optional[Path] = None) -> None:
+    def __init__(self, users: dict[str, User], source: str, path: Optional[Path] = None,
+                 book: Optional[QuotaBook] = None) -> None:
         self.users = users
+        self.book = book or QuotaBook()     # quotas: node caps, node-hours per day or week
         self.source = source
         self._path = path
         self._seen = _file_state(path) if path else None
@@ -74,7 +79,8 @@ class Users:
             if state == self._seen:
                 return
             try:
-                self.users = Users.parse(self._path.read_text(), str(self._path)).users
+                fresh = Users.parse(self._path.read_text(), str(self._path))
+                self.users, self.book = fresh.users, fresh.book
             except (OSError, ValueError) as e:
                 log.error("users file not reloaded, the previous users stay: %s", e)
             self._seen = state
@@ -111,14 +117,15 @@ class Users:
                 raise ValueError(f"{source}: user {name}: account must be printable text of at most {ACCOUNT_MAX} "
                                  f"characters, not {account!r}")
             users[name] = User(name, role, ph, unix, account.strip())
-        return cls(users, source)
+        return cls(users, source, book=QuotaBook.parse(data, rows, source))
 
     @classmethod
     def load(cls, path: Optional[Path] = None) -> Optional["Users"]:
         """The configured users, or None when nothing is configured (the demo account case)."""
         path = path or (Path(os.environ["HARVEST_USERS_FILE"]) if os.environ.get("HARVEST_USERS_FILE") else None)
         if path is not None:
-            return cls(cls.parse(Path(path).read_text(), str(path)).users, str(path), Path(path))
+            parsed = cls.parse(Path(path).read_text(), str(path))
+            return cls(parsed.users, str(path), Path(path), parsed.book)
         if os.environ.get("HARVEST_USERS"):
             return cls.parse(os.environ["HARVEST_USERS"], "HARVEST_USERS")
         return None
@@ -150,6 +157,11 @@ class Users:
         """Each user's account or project, as the users file says now (those with one)."""
         self._refresh()
         return {u.name: u.account for u in self.users.values() if u.account}
+
+    def quotas(self) -> QuotaBook:
+        """The quotas as the users file says now (what the controller reads at every step)."""
+        self._refresh()
+        return self.book
 
     def get(self, name: Optional[str]) -> Optional[User]:
         self._refresh()

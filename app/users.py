@@ -1,6 +1,8 @@
 """Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`
 (`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`;
-`--account NAME`: the account or project their usage is reported under, `GET /api/usage?by=account`).
+`--account NAME`: the account or project their usage is reported under, `GET /api/usage?by=account`;
+`--max-nodes N`, `--node-hours-per-day H`, `--node-hours-per-week H`: the user's quota, see
+docs/operators/quotas.md; the file's `quota_defaults` and `accounts` are kept as they are).
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
 its hash is written. A running server re-reads the file within a second: `passwd` revokes the
@@ -36,14 +38,15 @@ def read_password(from_stdin: bool) -> str:
     return pw
 
 
-def read_rows(path: Path) -> list[dict]:
+def read_file(path: Path) -> dict:
+    """The users file as it stands (its quota defaults and accounts with the users)."""
     if not path.exists():
-        return []
+        return {"users": []}
     try:
         Users.parse(path.read_text(), str(path))
     except ValueError as e:
         raise Refusal(str(e))
-    return json.loads(path.read_text())["users"]
+    return json.loads(path.read_text())
 
 
 def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
@@ -71,6 +74,12 @@ def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
         row["unix"] = args.unix
     if account:
         row["account"] = account
+    quota = {k: v for k, v in (("max_nodes", args.max_nodes), ("node_hours_per_day", args.node_hours_per_day),
+                                 ("node_hours_per_week", args.node_hours_per_week)) if v is not None}
+    if any(v < 0 for v in quota.values()):
+        raise Refusal("--max-nodes, --node-hours-per-day and --node-hours-per-week take numbers of at least 0")
+    if quota:
+        row["quota"] = quota
     return others + [row]
 
 
@@ -84,6 +93,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                           "replaces the user's entry, so leaving it out removes a mapping")
     add.add_argument("--account", default="", metavar="NAME",
                      help="the account or project this user's usage is reported under (GET /api/usage?by=account)")
+    add.add_argument("--max-nodes", type=int, metavar="N",
+                     help="the most nodes this user's jobs may hold at once (else the file's quota_defaults)")
+    add.add_argument("--node-hours-per-day", type=float, metavar="H",
+                     help="node-hours this user's jobs may use per UTC day (else the file's quota_defaults)")
+    add.add_argument("--node-hours-per-week", type=float, metavar="H",
+                     help="node-hours per week, from Monday 00:00 UTC (else the file's quota_defaults)")
     pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
     for p in (add, pw, rm):
@@ -93,11 +108,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
     args = ap.parse_args(argv)
     try:
-        rows = apply(args, read_rows(args.file))
+        doc = read_file(args.file)
+        rows = apply(args, doc["users"])
     except Refusal as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_private(args.file, json.dumps({"users": rows}, indent=2))
+    write_private(args.file, json.dumps({**doc, "users": rows}, indent=2))
     print(f"{args.cmd}: {args.name} ({args.file})")
     return 0
 

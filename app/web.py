@@ -23,6 +23,7 @@ UPDATE_MS = 1000
 def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig()) -> dash.Dash:
     context.harvester = harvester
     context.users = users
+    harvester.quota_source = users.quotas     # node caps and period quotas from the users file
     key = secret_key(harvester.db)
     context.tokens = Tokens(key)
     context.session_idle_s = web.session_idle_s

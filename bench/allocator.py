@@ -1,6 +1,6 @@
 """How long one allocation takes at Summit scale, and what BFTrainer's node-level model costs.
 
-    python -m bench.allocator [--json] [--repeats 20] [--node-level-limit 60] [--quick]
+    python -m bench.allocator [--json] [--repeats 20] [--node-level-limit 60] [--quick] [--quotas]
 
 For each size (jobs x idle nodes) it draws `--repeats` seeded instances: curves, bounds and
 rescale costs from data/jobs-imagenet-1001.csv, Summit-style node names (a01n01, 18 nodes a
@@ -13,6 +13,11 @@ It times the allocate() call (build + solve + mapping) for
   that the objective matches the default's;
 - BFTrainer's node-level MILP (core.policies.node_level) through CBC with a time limit, on a
   few instances, going up the sizes only while every solve finished optimally.
+
+`--quotas` gives the jobs owners (about 5 jobs an owner, two owners an account) with node caps
+that bind (an owner half to all of an even share of the nodes, an account 3/4 of its two),
+so the default policy solves under the caps (core.policies.caps) and HiGHS with one row a cap;
+the node-level model has no caps and is not run.
 
 `--quick` (2 instances a size, 1 through HiGHS and CBC, CBC limited to 3 s; ~10 s) checks that
 every solver still runs and agrees (tests/test_bench_quick.py), not how fast.
@@ -35,7 +40,7 @@ import numpy as np
 
 from core.allocator import allocate
 from core.jobsets import load_jobset
-from core.objective import JobRequest, Problem
+from core.objective import Cap, JobRequest, Problem
 from core.policies.node_level import node_level_solve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +100,21 @@ def make_instance(rows: list[dict], jobs: int, nodes: int, seed: int) -> Problem
     return Problem(idle, reqs, rng.choice(TFWD_CHOICES), since=since)
 
 
+def with_quotas(p: Problem, seed: int) -> Problem:
+    """The same instance with owners' and accounts' node caps that bind: ~5 jobs an owner, two
+    owners an account; an owner may hold 1/2..1 of an even share of the nodes among owners, an
+    account 3/4 of what its two owners' caps add up to."""
+    rng = random.Random(seed + 7)
+    owners = max(2, len(p.jobs) // 5)
+    share = p.capacity / owners
+    limits = [max(1, int(share * rng.uniform(0.5, 1.0))) for _ in range(owners)]
+    caps = [Cap(limits[o], tuple(j.id for k, j in enumerate(p.jobs) if k % owners == o), f"o{o}")
+            for o in range(owners)]
+    for a in range(0, owners - 1, 2):
+        caps.append(Cap(int(0.75 * (limits[a] + limits[a + 1])), caps[a].jobs + caps[a + 1].jobs, f"a{a // 2}"))
+    return Problem(p.nodes, p.jobs, p.tfwd, p.objective, p.expect, p.since, p.order, caps)
+
+
 def same(a: float, b: float) -> bool:
     return abs(a - b) <= REL_TOL * max(1.0, abs(a), abs(b))
 
@@ -107,12 +127,15 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(repeats: int, highs_repeats: int, node_level_repeats: int, node_level_limit: float) -> list[dict]:
+def run(repeats: int, highs_repeats: int, node_level_repeats: int, node_level_limit: float,
+        quotas: bool = False) -> list[dict]:
     rows = load_rows()
     results = []
-    node_level_alive = True
+    node_level_alive = not quotas
     for jobs, nodes in SIZES:
         instances = [make_instance(rows, jobs, nodes, seed=1000 * jobs + nodes + k) for k in range(repeats)]
+        if quotas:
+            instances = [with_quotas(p, 1000 * jobs + nodes + k) for k, p in enumerate(instances)]
         allocate(instances[0])  # warm-up: imports and caches out of the first timing
         if highs_repeats:
             allocate(instances[0], "milp", "highs", time_limit=60.0)
@@ -136,7 +159,8 @@ def run(repeats: int, highs_repeats: int, node_level_repeats: int, node_level_li
         log(f"{jobs}x{nodes}: highs p50 {pct(highs_ms, 50):.1f} ms over {len(highs_ms)}, same objective")
 
         node_ms: list[float] | None = None
-        node_note = "not run" if node_level_repeats <= 0 else "skipped (a smaller size did not finish)"
+        node_note = ("not run" if node_level_repeats <= 0 else "not run (no caps in that model)" if quotas
+                     else "skipped (a smaller size did not finish)")
         if node_level_alive and node_level_repeats > 0:
             node_ms = []
             for k, p in enumerate(instances[:node_level_repeats]):
@@ -191,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-level-repeats", type=int, default=3,
                     help="instances per size for the node-level MILP (0: skip it)")
     ap.add_argument("--node-level-limit", type=float, default=60.0, help="CBC time limit, seconds")
+    ap.add_argument("--quotas", action="store_true",
+                    help="owners' and accounts' node caps that bind (the node-level model is not run)")
     ap.add_argument("--quick", action="store_true",
                     help="2 instances a size, 1 through HiGHS and CBC (limit 3 s): does every solver run and agree")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.highs_repeats, args.node_level_repeats, args.node_level_limit = 2, 1, 1, 3.0
     results = run(args.repeats, min(args.highs_repeats, args.repeats),
-                  min(args.node_level_repeats, args.repeats), args.node_level_limit)
+                  min(args.node_level_repeats, args.repeats), args.node_level_limit, args.quotas)
     print(table(results))
     if args.json:
         print(json.dumps({"sizes": [{k: r[k] for k in ("jobs", "nodes", "p50_ms", "p95_ms", "highs_p50_ms",

@@ -56,9 +56,10 @@ class Slot:
     job: str
     min_nodes: int
     held: int
+    blocked: bool = False     # its owner is over a period quota (core.quotas): it may not run now
 
 
 def stuck(running: Iterable[Slot], idle: int) -> list[str]:
-    """Running jobs that hold no node and could not start on the idle nodes: their slots are
-    better given to queued jobs that can start."""
-    return [s.job for s in running if s.held == 0 and not can_start(s.min_nodes, idle)]
+    """Running jobs that hold no node and could not start on the idle nodes (or whose owner is
+    over a period quota): their slots are better given to queued jobs that can start."""
+    return [s.job for s in running if s.held == 0 and (s.blocked or not can_start(s.min_nodes, idle))]

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from .objective import OBJECTIVES, JobRequest, Problem, objective_value, tables_for
 from .placement import place
 from .policies import POLICIES, SOLVERS, SizePolicy, SizeProblem, make_policy
-from .policies.base import check_sizes
+from .policies.base import GroupCap, binding, check_sizes
 from .schemas import Instance, explain
 
 
@@ -57,7 +57,7 @@ def allocate(problem: Problem, policy: Union[str, SizePolicy] = "milp", solver: 
     else:
         tables = tables_for(problem)
         sp = SizeProblem(tables, problem.capacity, [j.current for j in problem.jobs],
-                         [j.min_nodes for j in problem.jobs], time_limit)
+                         [j.min_nodes for j in problem.jobs], time_limit, group_caps(problem, tables))
         decision = pol.choose(sp)
         check_sizes(sp, decision.sizes)
         sizes, status, used_solver = decision.sizes, decision.status, decision.solver
@@ -67,6 +67,16 @@ def allocate(problem: Problem, policy: Union[str, SizePolicy] = "milp", solver: 
     ms = (time.perf_counter() - t0) * 1000.0
     return Plan(status, objective, ms, assignment,
                 {j.id: n for j, n in zip(problem.jobs, sizes)}, pol.name, used_solver)
+
+
+def group_caps(problem: Problem, tables: list) -> list[GroupCap]:
+    """The problem's node caps as job indices, only those that can bind (a cap at or above what
+    its jobs could take together changes nothing and costs the solve nothing)."""
+    if not problem.caps:
+        return []
+    index = {j.id: k for k, j in enumerate(problem.jobs)}
+    caps = [(max(0, int(c.limit)), tuple(sorted({index[x] for x in c.jobs if x in index}))) for c in problem.caps]
+    return binding([c for c in caps if c[1]], [len(t) - 1 for t in tables])
 
 
 def problem_from_instance(inst: Instance) -> Problem:

@@ -30,9 +30,11 @@ from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import OBJECTIVES, Problem
 from .policies import POLICIES, SOLVERS, make_policy
+from .quotas import Quotas
 from .reclaim_order import ReclaimOrder
 from .slots import Slots
-from .snapshot import BUSY, HELD, IDLE, Snapshot
+from .picture import picture
+from .snapshot import Snapshot
 from .store import Batch, Store, StoreWriteError, job_row
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
         self.reclaim_order = ReclaimOrder()        # which end of a cohort the main scheduler takes first
+        self.quota = Quotas()    # node caps and period quotas (core.quotas); its `source` gives the limits
         self.horizon: Horizon = Horizon(float(self.config.tfwd) if not self.config.learns_horizon
                                         else FALLBACK_S, 0, 0, math.nan, math.nan, False)
         self._planned_tfwd = self.horizon.tfwd     # the horizon the last plan was made with
@@ -204,8 +207,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         with self.lock:
             queued = [self.jobs[e[-1]] for e in sorted(self._queue)
                       if self.jobs[e[-1]].state is JobState.QUEUED]
-            running = [self.jobs[j] for j in self.running]
-            waiting = queued + list(self.submitted.values())
+            running = [self.jobs[j] for j in self.running if self.quota.may_run(self.jobs[j].owner)]
+            waiting = [j for j in (*queued, *self.submitted.values()) if self.quota.may_run(j.owner)]
             slots = self._free_slots(any(self.in_lane(j) for j in waiting))
             return node_demand(running, waiting, slots), list(self.owner)
 
@@ -275,13 +278,20 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             probes = self.advice.probes(now, self._remaining(now), measured, len(self.idle) - len(self.owner),
                                         self.horizon.tfwd)
             changed |= bool(probes)
+            changed |= self.quota.review((j.owner for j in (*self.jobs.values(), *self.submitted.values())
+                                          if not j.state.finished), now)
             changed |= self._admit(now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
             if changed and self.running and not self.frozen:
                 self._solve(now, result, probes, expect)
+                if self.quota.blocked and self._admit(now):   # an owner over quota gave back nodes, then its slot
+                    self._solve(now, result, probes, expect)
                 self._planned_tfwd = self.horizon.tfwd
             self.replan_at = now + self.horizon.tfwd if self.horizon_learner is not None and self.running else None
+            wake = self.quota.wake_at(self._held_by_owner(), now) if self.quota.on else None
+            if wake is not None and (self.replan_at is None or wake < self.replan_at):
+                self.replan_at = wake     # a period quota runs out, or rolls over, with no event
             result.used = len(self.owner)
             result.samples_per_second = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
             self.last_allocation = Allocation(now, {j: list(self.held.get(j, [])) for j in self.running},
@@ -338,7 +348,12 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             dt = now - self.accounted_until
             self.counters.offered_node_s += len(self.idle) * dt
             self.counters.used_node_s += len(self.owner) * dt
+            if self.quota.source is not None:    # quotas may be set (a users file): count every owner's use
+                self.quota.count(self._held_by_owner(), self.accounted_until, now)
         self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
+
+    def _held_by_owner(self) -> dict[str, int]:
+        return Quotas.held((self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running)
 
     def _leave(self, node: Optional[str], lost: dict[str, list[str]], gone: dict[str, float]) -> bool:
         if node is None or node not in self.idle:
@@ -451,12 +466,13 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         idle = len(self.idle)
         changed = False
         startable = [e for e in self._queue if self.jobs[e[-1]].state is JobState.QUEUED
-                     and can_start(self.jobs[e[-1]].min_nodes, idle)]
+                     and self._can_start(self.jobs[e[-1]], idle)]
         if not startable:
             return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
         free = {lane: self._free_slots(lane) for lane in (False, True)}
         if not any(free[self.in_lane(self.jobs[e[-1]])] > 0 for e in startable):
-            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ()))) for j in self.running), idle)
+            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ())),
+                                  not self.quota.may_run(self.jobs[j].owner)) for j in self.running), idle)
             for jid in waiting:
                 self._requeue(jid, now)
             changed = bool(waiting)
@@ -469,7 +485,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             if self._free_slots(self.in_lane(job)) <= 0:
                 skipped.append(entry)     # the lane's jobs come first and have the most room:
                 break                     # nobody after this one has a slot
-            if not can_start(job.min_nodes, idle):
+            if not self._can_start(job, idle):
                 skipped.append(entry)
                 continue
             job.state = JobState.RUNNING
@@ -482,6 +498,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         for entry in skipped:
             heapq.heappush(self._queue, entry)
         return changed
+
+    def _can_start(self, job: Job, idle: int) -> bool:
+        """Enough idle nodes for the job's minimum, and its owner within their period quotas."""
+        return can_start(job.min_nodes, idle) and self.quota.may_run(job.owner)
 
     def _requeue(self, jid: str, now: float) -> None:
         """A running job that holds no node and cannot start goes back to the queue, where it
@@ -498,8 +518,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.n_queued += 1
         self._push_queue(job)
         self._batch.jobs[jid] = job_row(job)
-        self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: needs {job.min_nodes} node(s), "
-                                                                  f"{len(self.idle)} idle"))
+        why = self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
+        self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: {why}"))
 
     def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None,
                expect: Optional[dict[str, float]] = None) -> None:
@@ -516,7 +536,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         h = self.horizon
         since = self.idle if self.clairvoyant_groups is None else self.clairvoyant_groups(list(self.idle), now)
         problem = Problem(list(self.idle), reqs, h.tfwd, self.config.objective, expect, since,
-                          self.reclaim_order.direction)
+                          self.reclaim_order.direction, self.quota.caps([(j.id, j.owner) for j in jobs]))
         plan = allocate(problem, self.policy, time_limit=self.config.time_limit)
         if forced or lane:          # the objective reported is the throughput one, without the bonuses
             plan.objective -= PROBE_BONUS * (sum(1 for j, n in forced.items() if plan.sizes.get(j) == n)
@@ -628,7 +648,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
                  node_info: Optional[dict[str, str]] = None) -> Snapshot:
         """An immutable picture of this controller for readers that hold no lock."""
         with self.lock:
-            return _picture(self, status, seq, source_status, node_info)
+            return picture(self, status, seq, source_status, node_info)
 
     def nodes(self) -> list[Node]:
         """Every node of the machine with its state and holder (for the grid and the API)."""
@@ -641,66 +661,3 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         now = self.clock.now()
         return sum(self.dispatcher.progress(j, now) if j.id in self.running else j.samples_done
                    for j in self.jobs.values())
-
-
-def _picture(ctl: Controller, status: str, seq: int, source_status: Optional[dict] = None,
-             node_info: Optional[dict[str, str]] = None) -> Snapshot:
-    """The picture Controller.snapshot publishes (called with the controller's lock held)."""
-    now = ctl.clock.now()
-    names = tuple(ctl.node_names or ctl.idle)
-    idle, owner, since = ctl.idle, ctl.owner, ctl.since
-    state = tuple(HELD if n in owner else IDLE if n in idle else BUSY for n in names)
-    job_of = tuple(owner.get(n) for n in names)
-    when = tuple(since.get(n) for n in names)
-    rescaling = frozenset(j for j, t in ctl.rescaling_until.items() if t > now)
-    slots = ctl.slots
-    advisor = ctl.advisor
-    probing = frozenset(advisor.probing()) if advisor is not None else frozenset()
-    jobs = []
-    rate_total = 0.0
-    for job in ctl.jobs.values():
-        running = job.id in ctl.running
-        rate = ctl.dispatcher.rate(job) if running else 0.0
-        done = ctl.dispatcher.progress(job, now) if running else job.samples_done
-        rate_total += rate
-        eta = now + (job.total_samples - done) / rate if rate > 0 else None
-        held = ctl.held.get(job.id, ())
-        jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value,
-                     "nodes": len(held), "slots": slots.common(held), "ranks": slots.total(held),
-                     "min_nodes": job.min_nodes,
-                     "max_nodes": job.max_nodes, "priority": job.priority,
-                     "samples_per_second": rate, "samples_done": done,
-                     "total_samples": job.total_samples, "progress": done / job.total_samples,
-                     "eta": eta, "submit_time": job.submit_time, "start_time": job.start_time,
-                     "end_time": job.end_time,
-                     "confidence": advisor.confidence(job.id) if advisor is not None else "given"})
-    for job in ctl.submitted.values():
-        jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
-                     "nodes": 0, "slots": slots.same, "ranks": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
-                     "priority": job.priority, "samples_per_second": 0.0, "samples_done": 0.0,
-                     "total_samples": job.total_samples, "progress": 0.0, "eta": None,
-                     "submit_time": job.submit_time, "start_time": None, "end_time": None,
-                     "confidence": ("given" if job.given_curve else "prior") if advisor is not None
-                     else "given"})
-    c = ctl.counters
-    kpis = {"idle": len(idle), "harvested": len(owner), "gpus": slots.total(names),
-            "idle_gpus": slots.total(idle), "harvested_gpus": slots.total(owner),
-            "harvest_pct": 100.0 * c.used_node_s / c.offered_node_s if c.offered_node_s else 0.0,
-            "offered_node_s": c.offered_node_s, "used_node_s": c.used_node_s,
-            "samples_per_second": rate_total, "running": len(ctl.running),
-            "queued": ctl.n_queued + len(ctl.submitted),
-            "done": sum(1 for j in ctl.jobs.values() if j.state is JobState.DONE),
-            "solves": c.solves, "preemptions": c.preemptions, "rescales": c.rescales,
-            "events": c.events, "events_by_kind": dict(c.by_kind)}
-    cfg = ctl.config
-    config = {"policy": cfg.policy, "solver": cfg.solver, "objective": cfg.objective,
-              "tfwd": cfg.tfwd, "max_jobs": cfg.max_jobs, "visitor_slots": cfg.visitor_slots,
-              "dispatcher": ctl.dispatcher.name,
-              "jpa": advisor is not None, "runs_workers": ctl.dispatcher.takes_reports,
-              "horizon": ctl.horizon.to_dict(), "reclaim_order": ctl.reclaim_order.to_dict()}
-    if advisor is not None:
-        kpis.update(probes=c.probes, tries=c.tries, samples=c.samples)
-    info = tuple(node_info.get(n, "") for n in names) if node_info else ()
-    return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
-                    config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
-                    slots.row(names))

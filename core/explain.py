@@ -29,15 +29,20 @@ def horizon_of(config: dict, job_id: str) -> tuple[float, bool]:
 
 def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int, tfwd: float,
         policy: str = "milp", queue_position: Optional[int] = None,
-        profile: Optional[dict] = None, learned: bool = False) -> str:
+        profile: Optional[dict] = None, learned: bool = False, quota: Optional[str] = None,
+        node_cap: Optional[str] = None) -> str:
     """`profile`: what the profiler learned (its cap and rescale costs are what the allocator
     used), or None when the job's own curve and costs are taken as given. `learned`: `tfwd` is
-    the horizon learned from how long allocations stood before they changed (their median)."""
+    the horizon learned from how long allocations stood before they changed (their median).
+    `quota`: why its owner may have no nodes now (a period quota used up, core.quotas);
+    `node_cap`: that its owner's (or account's) jobs hold all their node cap allows."""
     state = job.state
     up = profile["scale_up_seconds"] if profile else job.scale_up_seconds
     cap = min(job.max_nodes, profile["cap"]) if profile else job.max_nodes
     if state is JobState.QUEUED:
         pos = f", number {queue_position} in the queue" if queue_position else ""
+        if quota:
+            return f"queued: {quota}{pos}"
         if job.min_nodes > idle:
             return f"queued: needs {job.min_nodes} idle nodes to start, {idle} are idle{pos}"
         return f"queued: {running} jobs already running (at most {max_jobs} at once){pos}"
@@ -47,8 +52,12 @@ def why(job: Job, nodes: int, idle: int, used: int, running: int, max_jobs: int,
             return f"failed at {_when(job.end_time)}: {failure.line()}"
         return f"{state.value} at {_when(job.end_time)}: holds no nodes"
     free = max(0, idle - used)
+    if quota:
+        return f"waiting: {quota}" if nodes == 0 else f"holds {nodes} nodes, giving them back: {quota}"
     if nodes >= job.max_nodes:
         return f"holds {nodes} nodes: its maximum"
+    if node_cap:
+        return f"waiting: {node_cap}" if nodes == 0 else f"holds {nodes} nodes: {node_cap}"
     if nodes >= cap:
         return (f"holds {nodes} nodes: the most the evidence supports until it is measured at more "
                 f"(cap {cap}, twice the largest size measured or as far as the fit is sure)")

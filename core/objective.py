@@ -62,6 +62,16 @@ class JobRequest:
         return len(self.current_nodes)
 
 
+@dataclass(frozen=True)
+class Cap:
+    """At most `limit` nodes at once over the jobs `jobs` (ids): an owner's or an account's node
+    cap (core.quotas). The caps of one problem are laminar: two are disjoint or one holds the other."""
+
+    limit: int
+    jobs: tuple[str, ...]
+    who: str = ""
+
+
 @dataclass
 class Problem:
     """Idle nodes (the nodes jobs hold included) and the jobs to divide them among."""
@@ -73,6 +83,7 @@ class Problem:
     expect: Optional[Mapping[str, float]] = None  # node -> expected remaining idle s (placement)
     since: Optional[Mapping[str, float]] = None   # node -> when it became idle (placement's cohorts)
     order: int = 0       # which end of a cohort the main scheduler takes first (core.reclaim_order)
+    caps: Sequence[Cap] = ()   # node caps over groups of jobs (owners, accounts): sum of sizes <= limit
 
     @property
     def capacity(self) -> int:

@@ -11,6 +11,7 @@ from .counters import SOLVE_BUCKETS_S, SOLVE_WINDOW, Counters
 from .dispatchers.base import Dispatcher
 from .jpa import JPA
 from .model import JobState, PauseSample, RateSample
+from .usage import Change, holds
 from .slots import Slots
 from .store import Store
 
@@ -69,4 +70,8 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     count, sum_ms, max_ms, le = store.solve_totals([b * 1000.0 for b in SOLVE_BUCKETS_S])
     ctl.solve_times.restore(store.solve_times(SOLVE_WINDOW), count, sum_ms, max_ms, le)
     ctl.timeline_at = store.last_timeline_time()
+    saved_at = store.meta("clock", now)     # what was held when the store was last saved counts until then
+    owner_of = {j.id: j.owner for j, _ in rows}
+    ctl.quota.seed((owner_of.get(h.job, ""), h.start, saved_at if h.end is None else h.end)
+                   for h in holds(Change(t, j, tuple(a), tuple(r)) for t, j, a, r in store.owned_changes()))
     return ctl

@@ -373,6 +373,13 @@ class Store:
                               "from solver_runs").fetchone()
         return row[0], row[1], row[2], [int(x or 0) for x in row[3:]]
 
+    def owned_changes(self) -> list[tuple[float, str, list[str], list[str]]]:
+        """(time, job, added, removed) of every allocation change of a job with an owner, in the
+        order made: what an owner's period quotas count from after a restart (core.quotas)."""
+        rows = self.db.execute("select time, job, added, removed from allocations where job in "
+                               "(select id from jobs where coalesce(owner, '') != '') order by id").fetchall()
+        return [(t, job, json.loads(a or "[]"), json.loads(r or "[]")) for t, job, a, r in rows]
+
     def last_timeline_time(self) -> Optional[float]:
         return self.db.execute("select max(time) from timeline").fetchone()[0]
 

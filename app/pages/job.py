@@ -90,7 +90,8 @@ def update_job(n, job_id):
     profile = finite(h.profile(job_id))
     span, learned = horizon_of(cfg, job_id)
     line = why(job, info["nodes"], snap.kpis["idle"], snap.kpis["harvested"], snap.kpis["running"],
-               cfg["max_jobs"], span, cfg["policy"], _queue_position(snap, job_id), profile, learned)
+               cfg["max_jobs"], span, cfg["policy"], _queue_position(snap, job_id), profile, learned,
+               info.get("quota"), info.get("node_cap"))
     workers = (h.worker_status(job_id) or job.story or {}) if cfg.get("runs_workers") else {}
     end = job.end_time if job.state.finished and job.end_time else snap.time   # its charts stop at its end
     head = html.Div([

@@ -10,7 +10,7 @@ import heapq
 
 import numpy as np
 
-from .base import SizeDecision, SizePolicy, SizeProblem
+from .base import SizeDecision, SizePolicy, SizeProblem, room
 
 
 def _best_jump(table: np.ndarray, at: int, free: int) -> tuple[float, int]:
@@ -23,24 +23,30 @@ def _best_jump(table: np.ndarray, at: int, free: int) -> tuple[float, int]:
 
 
 def greedy_sizes(problem: SizeProblem) -> list[int]:
-    tables = problem.tables
+    tables, caps = problem.tables, problem.caps
     sizes = [0] * len(tables)
     free = problem.capacity
+
+    def fits(j: int) -> int:
+        """Nodes job j may still add: the free ones, within the caps that cover it."""
+        r = room(caps, sizes, j) if caps else None
+        return free if r is None else min(free, r)
+
     heap = []
     for j, t in enumerate(tables):
-        gain, to = _best_jump(t, 0, free)
+        gain, to = _best_jump(t, 0, fits(j))
         if gain > 0:
             heapq.heappush(heap, (-gain, j, to))
     while heap and free > 0:
         neg, j, to = heapq.heappop(heap)
-        if to - sizes[j] > free:  # no longer fits: look again with what is left
-            gain, to = _best_jump(tables[j], sizes[j], free)
+        if to - sizes[j] > fits(j):  # no longer fits: look again with what is left
+            gain, to = _best_jump(tables[j], sizes[j], fits(j))
             if gain > 0:
                 heapq.heappush(heap, (-gain, j, to))
             continue
         free -= to - sizes[j]
         sizes[j] = to
-        gain, nxt = _best_jump(tables[j], to, free)
+        gain, nxt = _best_jump(tables[j], to, fits(j))
         if gain > 0:
             heapq.heappush(heap, (-gain, j, nxt))
     return sizes

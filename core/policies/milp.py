@@ -17,6 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .base import SizeDecision, SizePolicy, SizeProblem, best_size
+from .caps import capped_sizes
 from .greedy import greedy_sizes
 
 SOLVERS = ("dp", "highs", "cbc")
@@ -42,8 +43,10 @@ def dp_sizes(tables: list[np.ndarray], capacity: int, current: list[int]) -> lis
     pruned = [prune(t) for t in tables]
     tops = [int(np.flatnonzero(np.isfinite(t))[-1]) for t in pruned]
     if sum(tops) <= capacity:  # capacity does not bind: every job takes its own best size
-        return [best_size(t, c) for t, c in zip(tables, current)]
-    C = capacity
+        sizes = [best_size(t, c) for t, c in zip(tables, current)]
+        if sum(sizes) <= capacity:   # (a tie kept at a current size past a pruned top may not fit)
+            return sizes
+    C = min(capacity, sum(tops))   # pruned sizes never need more
     J = len(pruned)
     suffix = np.concatenate([np.cumsum(tops[::-1])[::-1][1:], [0]]).tolist()
     rows: list[tuple[int, int, np.ndarray]] = []  # (lo, hi, values over lo..hi)
@@ -100,6 +103,8 @@ def pulp_sizes(problem: SizeProblem, solver: str) -> tuple[list[int] | None, str
         choices.append(opts)
     model += pulp.LpAffineExpression(objective)
     model += pulp.LpAffineExpression(load) <= problem.capacity, "capacity"
+    for k, (limit, members) in enumerate(problem.caps):    # an owner's or account's node cap
+        model += pulp.LpAffineExpression([(x, n) for j in members for n, x in choices[j] if n]) <= limit, f"cap_{k}"
     # gapRel=0: HiGHS stops at a 1e-4 relative gap by default, which is not the exact optimum
     if solver == "highs":
         engine = pulp.HiGHS(msg=False, timeLimit=problem.time_limit, gapRel=0.0)
@@ -117,7 +122,7 @@ def pulp_sizes(problem: SizeProblem, solver: str) -> tuple[list[int] | None, str
         if len(picked) != 1:
             return None, "no_incumbent"
         sizes.append(picked[0])
-    if sum(sizes) > problem.capacity:
+    if sum(sizes) > problem.capacity or any(sum(sizes[j] for j in m) > limit for limit, m in problem.caps):
         return None, "no_incumbent"
     return sizes, "optimal" if model.sol_status == pulp.LpSolutionOptimal else "time_limit"
 
@@ -134,6 +139,9 @@ class MilpPolicy(SizePolicy):
         if not problem.tables:
             return SizeDecision([], "optimal", self.solver)
         if self.solver == "dp":
+            if problem.caps:
+                return SizeDecision(capped_sizes(problem.tables, problem.capacity, problem.current, problem.caps,
+                                                 dp_sizes), "optimal", "dp")
             return SizeDecision(dp_sizes(problem.tables, problem.capacity, problem.current), "optimal", "dp")
         sizes, status = pulp_sizes(problem, self.solver)
         if sizes is None:

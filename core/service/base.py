@@ -8,12 +8,13 @@ import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
 from ..lifecycle import life_events
 from ..model import Job
+from ..quotas import QuotaBook
 from ..runners import Runner
 from ..schemas import JobSpec
 from ..snapshot import Snapshot, empty_snapshot
@@ -60,6 +61,7 @@ class Harvester:
         self._lock = threading.RLock()
         self._seq = 0
         self._usage = UsageHistory(self.db)
+        self._quota_source: Optional[Callable[[], Optional[QuotaBook]]] = None
 
     # ---- what a variant says ----------------------------------------------------------------
     def _open(self, fresh: bool) -> None:
@@ -88,7 +90,22 @@ class Harvester:
                 self.store_lock.release()
                 raise
 
+    @property
+    def quota_source(self) -> Optional[Callable[[], Optional[QuotaBook]]]:
+        """Where the controller reads its quotas (core.quotas) at every step: the front end's
+        users file; None: no quotas."""
+        return self._quota_source
+
+    @quota_source.setter
+    def quota_source(self, source: Optional[Callable[[], Optional[QuotaBook]]]) -> None:
+        self._quota_source = source
+        ctl = self.controller
+        if ctl is not None:
+            with ctl.lock:
+                ctl.quota.source = source
+
     def _run(self, runner: Runner) -> None:
+        runner.controller.quota.source = self._quota_source
         self.runner = runner
         runner.start()
         self.error = None
