@@ -1,4 +1,9 @@
-"""Serve the dashboard: `python -m app [--host H] [--port P] [--db PATH] [--users FILE] ...`.
+"""Serve the dashboard: `python -m app [--config FILE] [--host H] [--port P] [--db PATH] ...`.
+
+Every option is also a key of the configuration file (TOML, `--config FILE` or HARVEST_CONFIG:
+`port = 8123`, `max_jobs = 4`) and a variable (HARVEST_PORT, HARVEST_MAX_JOBS); a flag beats a
+variable, a variable beats the file, the file beats the default (core.settings.Options merges
+them with pydantic-settings). `--print-config` shows the result and where each value came from.
 
 One process: the Dash app and its API under waitress, and the APScheduler thread that drives
 the controller (so the scheduler is never duplicated by server workers). With a store that
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import os
 import resource
 import signal
 import sqlite3
@@ -23,7 +28,8 @@ from typing import Optional
 from core.admission import DEFAULT_USER_MAX_JOBS
 from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
-from core.settings import CURVES, DEFAULT_JOBS, DEFAULT_TRACE, POLICIES, QUEUE_ORDERS, HarvesterSettings, parse_tfwd
+from core.settings import (CURVES, DEFAULT_JOBS, DEFAULT_TRACE, LOG_LEVELS, POLICIES, QUEUE_ORDERS, HarvesterSettings,
+                           OptionError, Options, WebSettings, parse_tfwd)
 
 from . import slurm_options
 from .webconfig import WebConfig
@@ -50,7 +56,19 @@ def tfwd_arg(text: str) -> float | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0])
+    """The command line; every option's default is the one `core.settings.Options` declares."""
+    ap = argparse.ArgumentParser(prog="python -m app", description=__doc__.splitlines()[0],
+                                 epilog="Each option is also a key of the --config file (--max-jobs: max_jobs) and a "
+                                        "variable (HARVEST_MAX_JOBS); flags beat variables, variables beat the file, "
+                                        "the file beats the defaults shown here. --print-config shows the result.")
+    ap.add_argument("--config", type=Path, metavar="FILE",
+                    help="TOML file of options named after the flags (port = 8123); default: HARVEST_CONFIG, else none")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the effective settings and where each comes from (flag, env, file, default), "
+                         "secrets masked, after checking them; start nothing")
+    ap.add_argument("--log-format", choices=("text", "json"),
+                    help="log records on stderr, one line each: text (time level logger: message) or json (default text)")
+    ap.add_argument("--log-level", choices=LOG_LEVELS, help="the lowest level logged (default info)")
     ap.add_argument("--host", default="127.0.0.1", help="where the dashboard listens (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8050)
     ap.add_argument("--db", type=Path, default=Path("harvest.db"), help="SQLite store (default: harvest.db)")
@@ -144,7 +162,22 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--secure-cookies", action="store_true",
                      help="send the login cookie over HTTPS only (a site behind TLS)")
     slurm_options.add_options(ap)
+    fields = Options.model_fields
+    for action in ap._actions:
+        if action.dest in fields:
+            action.default = fields[action.dest].default
     return ap
+
+
+def given_flags(argv: list[str]) -> tuple[dict, bool]:
+    """The options on the command line, and only those (a default is not a flag: it must not
+    hide the file's or the environment's value); and whether --print-config was given."""
+    ap = build_parser()
+    for action in ap._actions:
+        if action.dest != "help":
+            action.default = argparse.SUPPRESS
+    given = vars(ap.parse_args(argv))
+    return given, bool(given.pop("print_config", False))
 
 
 def replay_settings(args) -> tuple[dict, float]:
@@ -162,8 +195,8 @@ def replay_settings(args) -> tuple[dict, float]:
         if unknown:
             raise ValueError(f"{args.scenario}: unknown key(s) {', '.join(sorted(unknown))}")
         s.update(loaded)
-    s.update({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-              if k in SCENARIO_KEYS and v is not None})
+    s.update({k: str(v) if isinstance(v, Path) else v for k in SCENARIO_KEYS
+              if (v := getattr(args, k, None)) is not None})
     if "start" not in s and s["trace"] == str(DEFAULT_TRACE):
         s["start"] = DEFAULT_START       # the demo's window; another trace starts at its beginning
     if s.get("nodes") is not None:
@@ -178,8 +211,7 @@ def replay_settings(args) -> tuple[dict, float]:
 
 
 def live_settings(args) -> dict:
-    given = vars(args)
-    config = {k: given[k] for k in CONFIG_KEYS if given[k] is not None}
+    config = {k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k) is not None}
     live = {"source": args.source, "dispatch": args.dispatch, "local_nodes": args.local_nodes,
             "local_slots": args.local_slots,
             "inventory": args.nodes, "ssh_config": args.ssh_config, "workdir": args.workdir,
@@ -230,17 +262,66 @@ def flag(path: str) -> str:
 
 
 def web_config(args) -> WebConfig:
-    """The web server options, checked; raises ValueError naming the option."""
-    for name, low in (("threads", 1), ("connection_limit", 1), ("channel_timeout", 1), ("per_address_limit", 0)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')}: must be at least {low}, not {getattr(args, name)}")
-    if not args.session_idle > 0:
-        raise ValueError(f"--session-idle: must be positive seconds, not {args.session_idle:g}")
-    if not 0 < args.header_timeout < float("inf"):
-        raise ValueError(f"--header-timeout: must be positive seconds, not {args.header_timeout:g}")
-    return WebConfig(secure_cookies=args.secure_cookies, session_idle_s=args.session_idle, threads=args.threads,
-                     connection_limit=args.connection_limit, channel_timeout_s=args.channel_timeout,
-                     per_address_limit=args.per_address_limit, header_timeout_s=args.header_timeout)
+    """The web server options, checked (core.settings.WebSettings); raises ValueError naming the option."""
+    try:
+        w = WebSettings.parse({k: getattr(args, k) for k in WebSettings.model_fields})
+    except SettingsError as e:
+        raise ValueError(e.render(flag)) from None
+    return WebConfig.of(w)
+
+
+def option_of(path: str) -> str:
+    """The option (a key of the file) that sets a setting: `replay.hours` -> `hours`."""
+    f = flag(path)
+    return f[2:].replace("-", "_") if f.startswith("--") else f
+
+
+def naming(opts: Options):
+    """How an error names a setting: by where its value came from (`--max-jobs`, HARVEST_MAX_JOBS,
+    `harvest.toml: max_jobs`); a default by its flag, or by its key when there is a file."""
+    def short(path: str) -> str:
+        o = opts.origin(option_of(path))
+        if o.kind in ("file", "env"):
+            return o.name
+        return option_of(path) if (o.kind == "default" and opts.config) else flag(path)
+
+    def lead(path: str) -> str:
+        o = opts.origin(option_of(path))
+        if o.kind == "default" and opts.config:
+            return f"{opts.config}: {option_of(path)}"
+        return o.where() if o.kind != "default" else flag(path)
+    return short, lead
+
+
+def render(e: SettingsError, opts: Options) -> str:
+    """One line: the setting named by where it came from, the others in the message likewise."""
+    short, lead = naming(opts)
+    body = SettingsError("", e.message).render(short)
+    return f"{lead(e.field)}: {body}" if e.field else body
+
+
+def print_config(opts: Options, out=None) -> None:
+    """The effective settings as a TOML file would hold them, each with where it came from."""
+    out = out or sys.stdout
+    rows = []
+    for name, value, origin in opts.effective():
+        if name == "config":
+            continue
+        text = "" if value is None else toml_value(value)
+        rows.append((f"{name} = {text}" if value is not None else f"# {name} =  (not set)", origin.describe()))
+    width = max(len(r[0]) for r in rows) + 2
+    print("# python -m app: the effective settings; precedence: flag > env (HARVEST_...) > file > default", file=out)
+    print(f"# file: {opts.config or '(none)'}", file=out)
+    for text, origin in rows:
+        print(f"{text.ljust(width)}# {origin}", file=out)
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))      # a TOML basic string is JSON's (escapes included)
 
 
 def raise_descriptor_limit() -> int:
@@ -261,53 +342,70 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv[:1] == ["check"]:
         from .check import main as check
         return check(argv[1:])
-    args = build_parser().parse_args(argv)
-    from core.assemble import build
-
-    from .auth import Users, stored_key
-    raise_descriptor_limit()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    flags, show = given_flags(argv)
     try:
-        web = web_config(args)
+        args = Options.load(flags)       # the flags over HARVEST_... over the --config file over the defaults
+        web = WebConfig.of(args.web())
         settings = settings_from(args)
-        users = Users.load(args.users)
-        password = None
-        if users is None:
-            users, password = Users.demo(args.db, fresh=args.fresh)
-        stored_key(settings.db)          # refuse an empty or short key before anything starts
-        harvester = build(settings)
-        harvester.open()
     except SettingsError as e:
-        print(f"error: {e.render(flag)}", file=sys.stderr)
+        print(f"error: {render(e, args)}", file=sys.stderr)
         return 2
-    except (InputError, ValueError, OSError) as e:
+    except (OptionError, InputError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except sqlite3.Error as e:       # damage PRAGMA quick_check did not see, met while loading
-        print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
-              "files) and start a new run, or restore a backup", file=sys.stderr)
-        return 2
-    from .slowclients import serve
-    from .web import create_app
-    app = create_app(harvester, users, web)
-    url = f"http://{args.host}:{args.port}"
-    snap = harvester.snapshot
-    print(f"dashboard on {url}  ({len(snap.nodes):,} nodes, {harvester.speed:g}x, store {args.db})", flush=True)
-    if password:
-        print(f"demo account: user 'demo' (staff), password '{password}'  "
-              f"(pass --users FILE for real accounts)", flush=True)
+    if show:
+        print_config(args)
+        return 0
+    from . import logs
+    logs.setup(args.log_format, args.log_level)
+    if args.secret_key is not None:      # from the file or HARVEST_SECRET_KEY: where app.auth reads it
+        os.environ["HARVEST_SECRET_KEY"] = args.secret_key.get_secret_value()
 
     def stop(signum, _frame):
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)  # a stop while starting up also closes what was opened
+    harvester = None
     try:
+        from core.assemble import build
+
+        from .auth import Users, stored_key
+        raise_descriptor_limit()
+        try:
+            users = Users.load(args.users)
+            password = None
+            if users is None:
+                users, password = Users.demo(args.db, fresh=args.fresh)
+            stored_key(settings.db)          # refuse an empty or short key before anything starts
+            built = build(settings)
+            built.open()
+            harvester = built
+        except SettingsError as e:
+            print(f"error: {render(e, args)}", file=sys.stderr)
+            return 2
+        except (InputError, ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except sqlite3.Error as e:       # damage PRAGMA quick_check did not see, met while loading
+            print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
+                  "files) and start a new run, or restore a backup", file=sys.stderr)
+            return 2
+        from .slowclients import serve
+        from .web import create_app
+        app = create_app(harvester, users, web)
+        url = f"http://{args.host}:{args.port}"
+        snap = harvester.snapshot
+        print(f"dashboard on {url}  ({len(snap.nodes):,} nodes, {harvester.speed:g}x, store {args.db})", flush=True)
+        if password:
+            print(f"demo account: user 'demo' (staff), password '{password}'  "
+                  f"(pass --users FILE for real accounts)", flush=True)
         serve(app.server, web, listen=listen_on(args, settings), ident="harvester")
     except KeyboardInterrupt:
         pass
     finally:
-        harvester.close()
-        print("stopped; state saved in", args.db, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the close short
+        if harvester is not None:
+            harvester.close()
+            print("stopped; state saved in", args.db, flush=True)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from core.settings import SlurmSettings, split_list
+from core.settings import SettingsError, SlurmSettings, split_list
 
 #: SlurmSettings field -> the option that sets it (errors name the option)
 OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "--slurm-account",
@@ -81,7 +81,7 @@ def settings_from(args) -> dict:
     if ":" in host and not host.endswith("]"):
         host, _, p = host.rpartition(":")
         if not p.isdigit():
-            raise ValueError(f"--slurm-hub: the port must be a number, not {p!r}")
+            raise SettingsError("live.slurm.hub_port", f"the port must be a number, not {p!r}")
         port = int(p)
     return dict(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
                 max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,

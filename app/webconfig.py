@@ -5,21 +5,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.settings import WebSettings
+
+_D = WebSettings()              # the defaults and the checks of the options (--threads, ...)
 MAX_BODY_BYTES = 1 << 20      # the largest request body: a job spec or a worker report is far smaller
 
 
 @dataclass(frozen=True)
 class WebConfig:
-    secure_cookies: bool = False          # the session cookie only over HTTPS (a site behind TLS)
-    session_idle_s: float = 8 * 3600      # a browser session unused this long is logged out
-    threads: int = 8                      # waitress worker threads
-    connection_limit: int = 500           # open connections at once, idle keep-alives included (bench.load: 200 viewers + pollers)
-    channel_timeout_s: int = 30           # an idle connection is closed after this long
+    secure_cookies: bool = _D.secure_cookies   # the session cookie only over HTTPS (a site behind TLS)
+    session_idle_s: float = _D.session_idle    # a browser session unused this long is logged out
+    threads: int = _D.threads                  # waitress worker threads
+    connection_limit: int = _D.connection_limit  # open connections at once, idle keep-alives included (bench.load: 200 viewers + pollers)
+    channel_timeout_s: int = _D.channel_timeout  # an idle connection is closed after this long
     max_body_bytes: int = MAX_BODY_BYTES
     # one address holds at most this many (0: no cap): above what one legitimate address holds (bench.load's
     # 220 from loopback, a TLS proxy's pool), below --connection-limit so one address never takes every slot
-    per_address_limit: int = 256
-    header_timeout_s: float = 10.0        # a request's headers must be complete this long after its first byte
+    per_address_limit: int = _D.per_address_limit
+    header_timeout_s: float = _D.header_timeout  # a request's headers must be complete this long after its first byte
+
+    @classmethod
+    def of(cls, w: WebSettings) -> "WebConfig":
+        """The web tier from its checked options."""
+        return cls(secure_cookies=w.secure_cookies, session_idle_s=w.session_idle, threads=w.threads,
+                   connection_limit=w.connection_limit, channel_timeout_s=w.channel_timeout,
+                   per_address_limit=w.per_address_limit, header_timeout_s=w.header_timeout)
 
     def waitress(self) -> dict:
         """waitress's adjustments (app.slowclients builds its server from them). A body over the
