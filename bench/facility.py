@@ -29,8 +29,8 @@ the harvester, to show what harvesting costs the main workload and what it gains
 
 With --json the last stdout line is the whole result (`nodes`, `main_delay_ms`,
 `added_delay_ms_p50`, `harvest_share`, `replay_share`, `harvest_vs_replay`, `vacate_ms_p50`,
-`harvester_cpu_pct`, `harvester_rpc_per_s`, ...). `--quick` (16 nodes, a 6-minute slice at K=6,
-about 3 minutes in all) checks that every step works (tests/test_bench_facility.py), not the
+`harvester_cpu_pct`, `harvester_rpc_per_s`, ...). `--quick` (16 nodes, a 3-minute slice at K=6,
+about 90 s in all) checks that every step works (tests/test_bench_facility.py), not the
 figures. Progress goes to stderr. What the figures mean for a machine of Summit's size is a
 calculation in docs/evaluation/facility.md.
 """
@@ -60,7 +60,7 @@ from core.sources.trace import read_node_list, read_transitions
 from core.timeutil import iso, parse_iso
 
 DEFAULT_START = "2021-02-18T12:00:00Z"
-QUICK = {"nodes": 16, "start": "2021-02-17T12:00:00Z", "hours": 0.1, "compress": 6.0, "job_count": 3}
+QUICK = {"nodes": 16, "start": "2021-02-17T12:00:00Z", "hours": 0.05, "compress": 6.0, "job_count": 3}
 PILOT_NAME = "harvest-pilot"
 #: goals from the issue: added main-job start delay, harvest against the replay, harvester load
 GOALS = {"added_delay_ms_p50": 500.0, "added_delay_ms_p99": 1000.0, "harvest_vs_replay": 0.90,
@@ -216,9 +216,13 @@ class PassResult:
 
 
 def sbatch_main(cluster, job: MainJob, marks: Path) -> None:
+    """The job writes when it began and on which node, then runs its span. One under way at the
+    window's start runs its span from the clock's start (the `go` file), not from its own: the
+    harvester's start, before the clock, must not shorten it."""
+    wait = f"while [ ! -e {marks}/go ]; do sleep 0.1; done; " if job.initial else ""
     cluster.sbatch("-p", "main", "-w", job.node, "-N", "1", "-J", f"main-{job.idx}", "-o", "/dev/null",
                    "--wrap", f"echo $(date +%s.%N) $SLURMD_NODENAME > {marks}/{job.idx}.tmp && "
-                             f"mv {marks}/{job.idx}.tmp {marks}/{job.idx}; exec sleep {job.run_s:.3f}")
+                             f"mv {marks}/{job.idx}.tmp {marks}/{job.idx}; {wait}exec sleep {job.run_s:.3f}")
 
 
 def read_marks(marks: Path) -> dict[int, tuple[float, str]]:
@@ -342,6 +346,7 @@ def play(sl: Slice, jobs: list[Job], harvester: bool, version: str, folder: Path
                     raise RuntimeError(f"the harvester held {k['idle']} of {free} idle nodes after 180 s")
                 time.sleep(0.5)
             log(f"{what}: pilots hold all {free} idle node(s), jobs use them ({res.cold_start_s:.1f} s)")
+        (marks / "go").touch()
         cluster.run("sdiag", "--reset")
         res.sdiag_before = parse_sdiag(cluster.run("sdiag").stdout)
         cpu0 = proc_cpu_s(app.proc.pid) if app else 0.0
@@ -563,7 +568,7 @@ def plot(sl: Slice, without: PassResult, with_: PassResult, r: dict, path: Path)
                                  mode="lines", line_shape="hv", name=name, line_color=colour), 1, 1)
     xs, ys = idle_over_time(sl)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name="idle in the trace",
-                             line_color="#7f7f7f"), 1, 2)
+                             line_color="#000000", line_width=1), 1, 2)
     t = [x for x, _, _ in with_.samples]
     fig.add_trace(go.Scatter(x=t, y=[h for _, h, _ in with_.samples], mode="lines", name="held by pilots",
                              line_color="#1f77b4"), 1, 2)
