@@ -59,9 +59,11 @@ from .watch import resolve_watch
 
 __all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
 log = logging.getLogger(__name__)
-#: a pilot sent this recently that has not said hello yet is still starting: joins wait for it
-#: (several seconds when a hundred start at once on a small host)
-STARTING_S = 10.0
+#: a pilot sent this recently that has not said hello yet is still starting: joins wait for it.
+#: 128 pilots starting on one 2-core host took over 10 s (the last 16 then came as a grow that
+#: no longer paid); a pilot that cannot start is cancelled at the next squeue, read at every
+#: poll while one waits, so a long value costs a join little
+STARTING_S = 30.0
 #: ... but no join waits longer than this for the pilots starting after it
 JOIN_HOLD_CAP_S = 30.0
 #: squeue is the backstop for pilots that ended without a word (a pilot's own end closes its
