@@ -274,15 +274,6 @@ def proc_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-def scrape(app) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-    status, text = app.get("/metrics")
-    if status != 200:
-        raise RuntimeError(f"/metrics answered {status}")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def histogram_quantile(m: dict, name: str, q: float) -> Optional[float]:
     """Prometheus's histogram_quantile: linear within the bucket that holds the q-th sample."""
     buckets = sorted(((float(dict(labels)["le"]), v) for (n, labels), v in m.items()
@@ -403,7 +394,7 @@ def play(sl: Slice, jobs: list[Job], harvester: bool, version: str, folder: Path
         if app:
             res.cpu_s = proc_cpu_s(app.proc.pid) - cpu0
             res.rss_mb = proc_hwm_mb(app.proc.pid)
-            res.metrics = scrape(app)
+            res.metrics = app.metrics()
             app.stop()
             app = None
         deadline = time.monotonic() + 60

@@ -14,7 +14,6 @@ import signal
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.web import source_badge
 from core.assemble import build
@@ -65,14 +64,6 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
     wait(lambda: not processes_with_env(f"HARVEST_JOB={jid}"), 15, "every worker gone with its pilot")
 
 
-def metrics(app) -> dict[tuple, float]:
-    """/metrics as {(sample name, sorted labels): value}."""
-    status, text = app.get("/metrics")
-    assert status == 200, text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def _acceptance(app, cluster):
     clu = lambda: app.get("/api/cluster")[1]
     c = clu()
@@ -113,8 +104,8 @@ def _acceptance(app, cluster):
     wait(lambda: all(nodes()[n]["state"] == "busy" and nodes()[n]["source"] == "Slurm: allocated" for n in taken),
          5, "the grid to show the main job's nodes busy, allocated in Slurm", nodes)
     wait(lambda: not pilot_processes(pilots[n] for n in taken), 10, "nothing left of the preempted pilots")
-    m = wait(lambda: (lambda m: m if m.get(("harvest_slurm_vacate_seconds_count", ())) == 4 else None)(metrics(app)),
-             5, "4 vacates in /metrics", lambda: metrics(app))
+    m = wait(lambda: (lambda m: m if m.get(("harvest_slurm_vacate_seconds_count", ())) == 4 else None)(app.metrics()),
+             5, "4 vacates in /metrics", lambda: app.metrics())
     assert m[("harvest_slurm_pilots_total", (("outcome", "preempted"),))] == 4, m
     # 8 at the start, and perhaps one sent to a preempted node in the instant it looked free (cancelled)
     assert m[("harvest_slurm_pilots_total", (("outcome", "submitted"),))] >= 8, m

@@ -65,6 +65,15 @@ class AppProcess:
         except json.JSONDecodeError:
             return status, text
 
+    def metrics(self) -> dict[tuple, float]:
+        """/metrics as {(sample name, sorted labels): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}: {str(text)[:200]}")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
     def token(self, name: str) -> str:
         status, body = self.request("POST", "/api/token", {"username": name, "password": password(name)})
         assert status == 200, body
