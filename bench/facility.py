@@ -621,8 +621,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     jobs = compressed_jobs(args.jobs, args.job_count, args.compress)
     log(f"slice: {len(sl.names)} nodes, {len(sl.jobs)} main jobs ({sum(j.initial for j in sl.jobs)} under way at "
         f"the start), {sl.idle_node_s:.0f} idle node-s over {sl.window_s:.0f} s")
-    folder = Path(tempfile.mkdtemp(prefix="bench-facility-", dir=args.keep)) if args.keep else \
-        Path(tempfile.mkdtemp(prefix="bench-facility-"))
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="bench-facility-", dir=args.keep))
     replay = replay_prediction(sl, jobs, folder)
     log(f"replay predicts {replay['harvest_pct']:.1f}% of the idle node-seconds used")
     (folder / "without").mkdir()

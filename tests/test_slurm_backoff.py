@@ -150,3 +150,33 @@ def test_only_a_pilots_own_failures_count_against_its_node(tmp_path):
     assert b.closing() == ["23"]
     b.leave(link("23", "node3"), "cancelled")
     assert set(b.backoff.failing()) == {"node1"}, "pilots cancelled at close are no failures"
+
+
+def test_a_node_slurm_took_back_gets_no_pilot_until_the_main_job_is_seen_on_it(tmp_path, monkeypatch):
+    """Between a preempted pilot's end and the main job's start sinfo shows the node idle: a pilot
+    sent then waits behind the main job only to be cancelled (bench.facility saw 11-25 such on
+    128 nodes). Our own cancels and nodes Slurm never gives away are not held for long."""
+    from core.slurm import book as book_module
+    b = book_with(tmp_path, {"31": "node1", "32": "node2"})
+    for job, node in (("31", "node1"), ("32", "node2")):
+        assert b.hello(link(job, node)) == "join"
+    b.cancelling(["32"])
+    before_leave = time.monotonic()
+    b.leave(link("31", "node1", leaving=True), "preempted")      # Slurm's SIGTERM
+    b.leave(link("32", "node2", leaving=True), "cancelled")      # ours
+    idle = {n: SlurmNode(n, "idle", (), ("scavenger",)) for n in ("node1", "node2", "node3")}
+    after = time.monotonic()
+    assert b.free_nodes(idle, after) == ["node2", "node3"], "the main job's node is not ours to ask for"
+    stale = {**idle, "node1": SlurmNode("node1", "allocated", (), ("scavenger",))}
+    assert b.free_nodes(stale, before_leave) == ["node2", "node3"], "a read from before the leave shows the pilot"
+    ending = {**idle, "node1": SlurmNode("node1", "allocated", ("completing",), ("scavenger",))}
+    assert b.free_nodes(ending, after) == ["node2", "node3"], "the pilot's end is not the main job"
+    main = {**idle, "node1": SlurmNode("node1", "allocated", (), ("main",))}
+    assert b.free_nodes(main, time.monotonic()) == ["node2", "node3"]
+    assert b.free_nodes(idle, time.monotonic()) == ["node1", "node2", "node3"], "once the main job was seen, idle is idle"
+
+    b.hello(link("33", "node3"))
+    b.leave(link("33", "node3", leaving=True), "preempted")
+    assert "node3" not in b.free_nodes(idle, time.monotonic())
+    monkeypatch.setattr(book_module, "RECLAIM_HOLD_S", 0.0)
+    assert "node3" in b.free_nodes(idle, time.monotonic()), "a main job that never came holds it no longer than the cap"

@@ -20,6 +20,11 @@ from .settings import SlurmSettings
 log = logging.getLogger(__name__)
 #: a pilot that ended so was taken off its node by Slurm or staff, through no fault of its own
 NOT_ITS_FAULT = frozenset({"PREEMPTED", "CANCELLED", "TIMEOUT", "DEADLINE"})
+#: a node whose pilot Slurm just signalled is the main job's: between the pilot's end and the main
+#: job's start (up to a second or two on a busy slurmctld) sinfo shows it idle, and a pilot sent
+#: then only waits behind the main job to be cancelled: two RPCs and a scheduler pass for nothing.
+#: It gets no pilot until a later sinfo shows it taken, or for this long if it never is.
+RECLAIM_HOLD_S = 5.0
 
 
 class PilotBook:
@@ -37,6 +42,7 @@ class PilotBook:
         self.lock = threading.Lock()
         self._surplus_since: Optional[float] = None   # monotonic: more pilots than demand since
         self._cancelled: set[str] = set()             # pilots we cancelled: their end is no failure
+        self._reclaimed: dict[str, float] = {}        # node -> monotonic: Slurm signalled its pilot
 
     # ---- what the jobs want, what happened ----------------------------------------------------
     def want(self, nodes: int, in_use: Collection[str]) -> None:
@@ -92,6 +98,8 @@ class PilotBook:
             if p is not None and p.node == link.node:
                 del self.pilots[link.job]
                 self._judge(p, None, "" if link.leaving else "lost its connection")
+            if link.leaving and link.job not in self._cancelled:
+                self._reclaimed[link.node] = time.monotonic()
             return self._release(link.node, link.job, why)
 
     def _judge(self, p: Pilot, job: Optional[SlurmJob], how: str) -> None:
@@ -181,12 +189,15 @@ class PilotBook:
         return pending, held
 
     # ---- new pilots ---------------------------------------------------------------------------
-    def free_nodes(self, slurm: dict[str, SlurmNode]) -> list[str]:
-        """Watched nodes Slurm has idle, with no pilot of ours and not waiting after failed
-        pilots, in machine order."""
+    def free_nodes(self, slurm: dict[str, SlurmNode], read_at: float = float("inf")) -> list[str]:
+        """Watched nodes Slurm has idle, with no pilot of ours, not just reclaimed by a main job
+        and not waiting after failed pilots, in machine order. `read_at`: when `slurm` was asked
+        (monotonic): only a read after a reclaim can show the main job on the node."""
         now = time.monotonic()
         with self.lock:
-            taken = {p.node for p in self.pilots.values()} | set(self.held)
+            self._reclaimed = {n: t for n, t in self._reclaimed.items() if now - t < RECLAIM_HOLD_S
+                               and not (read_at > t and n in slurm and slurm[n].runs_a_job)}
+            taken = {p.node for p in self.pilots.values()} | set(self.held) | set(self._reclaimed)
             return [n for n in self.names if n not in taken and n in slurm and slurm[n].free
                     and not self.backoff.waiting(n, now)]
 

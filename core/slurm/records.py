@@ -65,6 +65,11 @@ class SlurmNode:
         return self.state == "idle" and not NOT_FREE_FLAGS.intersection(self.flags)
 
     @property
+    def runs_a_job(self) -> bool:
+        """Allocated to a job that is not ending (a pilot's end shows `completing` first)."""
+        return self.state in ("allocated", "mixed") and "completing" not in self.flags
+
+    @property
     def label(self) -> str:
         return "+".join((self.state, *self.flags))
 

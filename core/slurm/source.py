@@ -117,6 +117,7 @@ class SlurmSource(LiveNodeSource):
         self.user = getpass.getuser()
         nodes = self.cli.nodes()                      # SlurmUnavailable: cannot start without it
         self._slurm: dict[str, SlurmNode] = {n.name: n for n in nodes}
+        self._slurm_at = time.monotonic()             # when sinfo was asked for `_slurm`
         self.book = PilotBook(s, resolve_watch(s, nodes, self.cli))
         self._would: tuple[str, ...] = ()             # dry run: what would be harvested now
         self._status = SourceStatus(self.name, SOURCE_DRY_RUN if s.dry_run else SOURCE_OK, "", time.time())
@@ -267,7 +268,7 @@ class SlurmSource(LiveNodeSource):
         except SlurmUnavailable as e:
             self._set_status(SOURCE_STALE, f"cannot read Slurm: {e}")
             return
-        self._slurm = {n.name: n for n in nodes}
+        self._slurm, self._slurm_at = {n.name: n for n in nodes}, asked
         if self.settings.dry_run:
             self._dry_run()
             return
@@ -293,7 +294,7 @@ class SlurmSource(LiveNodeSource):
             self._cancel_quietly(cancel)
 
     def free_nodes(self) -> list[str]:
-        return self.book.free_nodes(self._slurm)
+        return self.book.free_nodes(self._slurm, self._slurm_at)
 
     def _trim(self) -> None:
         pending, held = self.book.trim()
