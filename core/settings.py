@@ -173,10 +173,6 @@ class LiveSettings(_Settings):
             if self.local_nodes is not None or self.inventory is not None:
                 raise SettingsError("source", "slurm takes its nodes from Slurm: leave out {local_nodes} "
                                               "and {inventory}")
-            if self.run_as:
-                raise SettingsError("run_as", "jobs in Slurm pilots run as the pilot's user: {run_as} is for "
-                                              "{dispatch} local and ssh (leave it out; without it only staff, or "
-                                              "everyone with {trust_user_commands}, may run commands)")
             return self
         if self.dispatch is None:
             raise SettingsError("dispatch", "choose what runs the jobs: simulated, local or ssh")

@@ -61,13 +61,12 @@ def test_who_runs_a_command():
     assert "only for staff" in runs_as(True, "alice1", False, False, False)[1], "a mapping needs a launcher"
 
 
-def test_settings_word_the_launcher_and_refuse_it_for_slurm():
+def test_settings_word_the_launcher_and_take_it_for_slurm_too():
     with pytest.raises(SettingsError) as e:
         HarvesterSettings.parse({"live": {"dispatch": "local", "local_nodes": 1, "run_as": "sudo -u {owner}"}})
     assert e.value.field == "live.run_as" and "{owner}" in str(e.value)
-    with pytest.raises(SettingsError) as e:
-        HarvesterSettings.parse({"live": {"source": "slurm", "run_as": LAUNCHER}})
-    assert e.value.field == "live.run_as" and "pilot" in str(e.value)
+    s = HarvesterSettings.parse({"live": {"source": "slurm", "run_as": LAUNCHER}})   # the pilots apply it
+    assert s.live.launcher == RunAs.parse(LAUNCHER)      # (tests/test_slurm_run_as.py)
     s = HarvesterSettings.parse({"live": {"dispatch": "ssh", "inventory": "n.txt", "run_as": LAUNCHER}})
     assert s.live.launcher == RunAs.parse(LAUNCHER)
 

@@ -6,6 +6,11 @@ pilot.
 A handle's token is `<pilot job id>/<process start time>`: a request for a worker whose pilot
 has ended is answered here ("gone": Slurm ended the job's processes, and the pilot stops its
 workers before it exits), never sent to the next pilot on the same node.
+
+A job that runs as its owner's account (`--run-as`) comes with its argv tagged by the pilot
+launcher (core/slurm/runas.py): the account and the launcher go to the pilot, which runs the
+worker behind it, and `give_dir` asks the pilot to make the job's checkpoint directory the
+account's.
 """
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import time
 from typing import Mapping, Optional, Sequence
 
 from .hub import PilotGone, PilotHub, PilotLink
-from .wire import ALIVE, KILL, START, STOP, TAIL
+from .runas import LaunchAs
+from .wire import ALIVE, GIVE, KILL, START, STOP, TAIL
 from ..transports.base import STOP_GONE, Handle, NodeSpec, StartError, Transport, TransportError, check_start_args
 from ..transports.local import tail_file
 
@@ -27,12 +33,24 @@ class PilotTransport(Transport):
 
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
               log_path: str) -> Handle:
+        run_as = {"run_as": argv.wire()} if isinstance(argv, LaunchAs) else {}
         argv, env = list(argv), dict(env)
         check_start_args(node, argv, env, workdir, log_path)
+        reply = self._checked(node, START, argv=argv, env=env, workdir=workdir, log=log_path, **run_as)
+        return Handle(node, int(reply["pid"]), f"{reply['job']}/{reply['token']}", log_path, time.time())
+
+    def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
+        """The pilot on `node` makes `path` (on the file system the nodes share with the
+        harvester, like the workers' logs) `user`'s, mode 0700."""
+        self._checked(node, GIVE, path=path, user=user)
+
+    def _checked(self, node: NodeSpec, op: str, **fields) -> dict:
+        """A request to the pilot holding `node`, its refusal raised (StartError: the job's
+        problem; TransportError: the node's); the reply with the pilot's job id as `job`."""
         link = self.hub.link(node.name)
         if link is None:
             raise TransportError(node.name, "no pilot job holds this node")
-        reply = self._ask(link, START, argv=argv, env=env, workdir=workdir, log=log_path)
+        reply = self._ask(link, op, **fields)
         if not reply.get("ok"):
             message = str(reply.get("message", ""))
             if reply.get("error") == "start":
@@ -40,7 +58,7 @@ class PilotTransport(Transport):
             if reply.get("error") == "value":
                 raise ValueError(f"{node.name}: {message}")
             raise TransportError(node.name, message)
-        return Handle(node, int(reply["pid"]), f"{link.job}/{reply['token']}", log_path, time.time())
+        return {**reply, "job": link.job}
 
     def adoptable(self, node: NodeSpec, job: str, key: str, inc: int) -> Optional[Handle]:
         """A worker its pilot listed when it redialed this (restarted) harvester."""

@@ -6,8 +6,10 @@ Pilot -> hub:  hello {token, job, node, pid, workers} first (workers: those stil
                pilot redials a restarted harvester: pid, token, log, job, key, inc); then leaving {reason, at} (SIGTERM: the batch
                scheduler wants the node back), exited {pid, status} (a worker ended), and
                replies {re: id, ...}.
-Hub -> pilot:  welcome {} (the hello was accepted), then requests {op, id, ...}: start {argv, env, workdir, log}, alive {handles},
-               stop {handles, grace}, kill {handle}, tail {handle, lines}.
+Hub -> pilot:  welcome {} (the hello was accepted), then requests {op, id, ...}: start {argv, env, workdir, log,
+               run_as?} (run_as {user, launcher}: the job runs as its owner's account, core/slurm/runas.py),
+               alive {handles}, stop {handles, grace}, kill {handle}, tail {handle, lines},
+               give {path, user} (make a job's checkpoint directory its account's, before its first worker).
 
 The pilot is started by Slurm with the hub's address, the SHA-256 fingerprint of the hub's
 certificate (a self-signed one the harvester makes at start) and the harvester's token in its
@@ -41,7 +43,7 @@ SEND_TIMEOUT_S = 5.0                    # a peer that takes no bytes for this lo
 CHUNK = 1 << 16
 
 HELLO, LEAVING, EXITED, WELCOME = "hello", "leaving", "exited", "welcome"
-START, ALIVE, STOP, KILL, TAIL = "start", "alive", "stop", "kill", "tail"
+START, ALIVE, STOP, KILL, TAIL, GIVE = "start", "alive", "stop", "kill", "tail", "give"
 
 
 class WrongCertificate(ssl.SSLError):
