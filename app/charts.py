@@ -57,14 +57,31 @@ def legend_label(job_id: str, name: Optional[str], nodes: int, probing: bool = F
     return f"{who} · {what}" + (" (probing)" if probing else "")
 
 
-def histogram(values: Sequence[float], bins: int = 30) -> tuple[list[float], list[int], float]:
+def histogram(values: Sequence[float], bins: int = 30,
+              top: Optional[float] = None) -> tuple[list[float], list[int], float]:
     """(bin centres, counts, bin width) on a linear scale: drawn as bars on a count axis, so the
-    y axis reads in whole runs."""
+    y axis reads in whole runs. With `top`, the bins run from 0 to `top` and a value above it
+    counts in the last bin, so that a few slow outliers do not squash the rest into one bar."""
     if not values:
         return [], [], 0.0
-    lo, hi = min(values), max(values)
+    lo, hi = (0.0, float(top)) if top else (min(values), max(values))
     width = (hi - lo) / bins if hi > lo else max(abs(hi) * 0.1, 1e-3)
     counts = [0] * bins
     for v in values:
-        counts[min(bins - 1, int((v - lo) / width))] += 1
+        counts[max(0, min(bins - 1, int((v - lo) / width)))] += 1
     return [lo + (k + 0.5) * width for k in range(bins)], counts, width
+
+
+def nice_ceiling(x: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is at least `x` (x > 0)."""
+    magnitude = 10 ** math.floor(math.log10(x))
+    return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= x * (1 - 1e-12))
+
+
+def fit_top(values: Sequence[float], quantile: float = 0.95, headroom: float = 1.5) -> float:
+    """Where an axis over `values` should end: a round number above their `quantile` with some
+    headroom (never past the largest), so nearly every value is spread over the axis."""
+    ordered = sorted(values)
+    q = ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
+    top = nice_ceiling(max(q * headroom, 1e-6))
+    return min(top, nice_ceiling(max(ordered[-1], 1e-6)))

@@ -26,15 +26,24 @@ def curve_figure(job, info: dict, measured: list[dict], profile: Optional[dict])
     return learned_figure(job, info, profile)
 
 
+#: px from the top of a curve chart to its legend: the title's line above it
+TITLE_PX = 28
+
+
 def _layout(job, title: str, shapes: list, annotations: list, y_top: Optional[float] = None) -> dict:
-    """The given curve's chart as it always was; the learned one is taller, for its longer legend."""
+    """The title pinned to the top, the legend under it and above the plot (Plotly makes room for
+    it there however many rows it wraps to; below the plot it ran into the "nodes" axis title).
+    The learned chart is taller, for its longer legend."""
     yaxis = {"title": {"text": "samples/s"}}
-    size = {"height": 280, "margin": {"l": 55, "r": 10, "t": 30, "b": 40}, "legend": {"orientation": "h", "y": -0.3}}
+    height = 280
     if y_top:
         yaxis["range"] = [0, y_top]
-        size = {"height": 350, "margin": {"l": 55, "r": 10, "t": 30, "b": 105},
-                "legend": {"orientation": "h", "yanchor": "top", "y": -0.24, "font": {"size": 11}}}
-    return {"title": {"text": title, "font": {"size": 13}}, **size,
+        height = 350
+    return {"title": {"text": title, "font": {"size": 13}, "yref": "container", "y": 1, "yanchor": "top",
+                      "pad": {"t": 8}},
+            "height": height, "margin": {"l": 55, "r": 10, "t": TITLE_PX + 4, "b": 40},
+            "legend": {"orientation": "h", "yref": "container", "yanchor": "top", "y": 1 - TITLE_PX / height,
+                       "x": 0, "font": {"size": 11}},
             "xaxis": {"title": {"text": "nodes"}, "tick0": 0, "dtick": count_step(max(job.max_nodes, *job.curve.nodes)),
                       "tickformat": ",d"}, "yaxis": yaxis, "annotations": annotations,
             "shapes": [{"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": job.min_nodes,

@@ -80,3 +80,19 @@ def extent(nodes: int, slots: Optional[int], ranks: int, runs_workers: bool) -> 
     if slots is not None:
         return f"{held} × {gpus(slots)} = {total}"
     return f"{held}, {gpus(ranks)} = {total}" if runs_workers else f"{held}, {total}"
+
+
+def _nodes(n: int) -> str:
+    return f"{n:,} node" + ("" if n == 1 else "s")
+
+
+def rescale_words(before: int, after: int, added: int, removed: int) -> str:
+    """`8 → 32 nodes`, and where a step both took and gave back nodes, a word for it: "8 → 32
+    nodes: 24 more, 8 swapped for others", so "+32 … −8" beside "8 → 32" reads as one change."""
+    change = f"{before:,} → {_nodes(after)}"
+    swapped = min(added, removed)
+    if not swapped:
+        return change
+    net = after - before
+    more = f"{net:,} more, " if net > 0 else f"{-net:,} fewer, " if net < 0 else ""
+    return f"{change}: {more}{swapped:,} swapped for {'another' if swapped == 1 else 'others'}"

@@ -30,12 +30,14 @@ _NAME = re.compile(r"^([A-Za-z]+)(\d+)n(\d+)$")
 #: then one code per job colour slot, then the same slots probing (a job at a size it has no
 #: throughput sample at yet: a lighter shade of its colour).
 C_BUSY, C_IDLE, C_RESCALE, C_JOB0 = 0, 1, 2, 3
-#: idle nodes are a mid grey, apart from the white gaps between racks and the dark busy nodes
-BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4c566a", "#c3cad5", "#f5a000"
-#: running jobs: strong hues far apart from each other, the greys and the rescaling orange
-#: (after Trubetskoy's 20 distinct colours, without orange, grey, white and the pastels)
-JOB_COLOURS = ("#e6194b", "#3cb44b", "#4363d8", "#ffe119", "#911eb4", "#42d4f4", "#f032e6",
-               "#9a6324", "#469990", "#000075", "#800000", "#bfef45")
+#: idle nodes a light grey, busy ones a dark grey, both without hue so that no job colour (and
+#: no probing shade of one) reads as either; the white gaps between racks are lighter still
+BUSY_COLOUR, IDLE_COLOUR, RESCALE_COLOUR = "#4d4d4d", "#c8c8c8", "#f5a000"
+#: running jobs: strong hues far apart from each other and from the greys, the rescaling orange
+#: and white (CIEDE2000 >= 25, their probing shades >= 18; tests/test_pages_newcomer.py), none
+#: near-black (a navy or a maroon cell reads as busy). After Trubetskoy's 20 distinct colours.
+JOB_COLOURS = ("#e6194b", "#3cb44b", "#2b65ee", "#f032e6", "#bfef45", "#911eb4", "#00b2ff",
+               "#992e00", "#0b8e81", "#f97b72", "#8e8e0b", "#00ffe6")
 C_PROBE0 = C_JOB0 + len(JOB_COLOURS)
 N_CODES = C_PROBE0 + len(JOB_COLOURS)
 #: how far towards white a probing job's shade is

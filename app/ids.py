@@ -14,6 +14,7 @@ GRID_KEY = "grid-key"         # what the browser's grid shows: {boot, seq, nodes
 KPI = "kpi"                   # container of KPI cards
 KPI_IDLE, KPI_HARVESTED, KPI_HARVEST_PCT = "kpi-idle", "kpi-harvested", "kpi-harvest-pct"
 KPI_RATE, KPI_JOBS = "kpi-rate", "kpi-jobs"
+HELD_BACK = "held-back"       # idle nodes unused while jobs wait for a --max-jobs slot (empty otherwise)
 LEGEND = "legend"
 LEGEND_PROBING = "legend-probing"     # the legend's entry for nodes of a job at an untried size
 TL_NODES, TL_RATE, TL_KEY = "timeline-nodes", "timeline-rate", "timeline-key"
@@ -56,6 +57,7 @@ JOB_CANCEL_CONFIRM = "job-cancel-confirm"     # asks before the job is cancelled
 # allocator page
 SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"
 HORIZON = "horizon"
+HORIZON_PLAIN = "horizon-plain"     # the horizon in one plain sentence, above the technical account
 OBJECTIVE_HINT = "objective-hint"   # what the solver runs' objective is, in its unit
 
 # replay page

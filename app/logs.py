@@ -8,9 +8,36 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: APScheduler's logger, and the start of what it says when a tick comes while the last one runs
+SCHEDULER_LOGGER = "apscheduler.scheduler"
+SKIPPED = "maximum number of running instances reached"
+
+
+class SkippedTicks(logging.Filter):
+    """APScheduler warns each time a tick is due while the last one still runs (a slow step at a
+    high replay speed: twice a second). That is routine, not a fault: such a record is counted
+    (`count`, served as harvest_ticks_skipped_total) and written only at DEBUG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if SKIPPED not in str(record.msg):
+            return True
+        with self._lock:
+            self.count += 1
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+#: the one filter on APScheduler's logger (installed by `setup`), and its count
+skipped_ticks = SkippedTicks()
 
 
 class OneLine(logging.Formatter):
@@ -38,7 +65,8 @@ class JsonLines(logging.Formatter):
 
 def setup(fmt: str = "text", level: str = "info") -> None:
     """The root logger to stderr in `fmt` (text or json) from `level` up; APScheduler's routine
-    chatter (a tick skipped while the last one runs) from warnings up."""
+    chatter from warnings up, and a tick skipped while the last one runs only counted
+    (SkippedTicks), unless `level` is debug."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines() if fmt == "json" else OneLine(TEXT))
     root = logging.getLogger()
@@ -47,4 +75,7 @@ def setup(fmt: str = "text", level: str = "info") -> None:
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    scheduler = logging.getLogger(SCHEDULER_LOGGER)
+    if skipped_ticks not in scheduler.filters:
+        scheduler.addFilter(skipped_ticks)
     logging.captureWarnings(True)

@@ -10,6 +10,7 @@ from prometheus_client.registry import CollectorRegistry
 from core.snapshot import SOLVE_BUCKETS_S
 
 from . import context
+from .logs import skipped_ticks
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 
@@ -49,6 +50,10 @@ class HarvesterCollector:
         c = CounterMetricFamily("harvest_events", "Events handled by the controller, by kind", labels=["kind"])
         for kind, n in sorted(k.get("events_by_kind", {}).items()):
             c.add_metric([kind], n)
+        yield c
+        c = CounterMetricFamily("harvest_ticks_skipped", "Controller ticks skipped because the last one was "
+                                "still running (a slow step; logged only at debug)")
+        c.add_metric([], skipped_ticks.count)
         yield c
         yield from usage_counters()
         yield from pilot_counters()

@@ -8,8 +8,8 @@ import dash
 from dash import Input, Output, dash_table, dcc, html, no_update
 
 from app import context, ids
-from app.charts import MARGIN, count_axis, empty_figure, histogram
-from app.format import sim_time
+from app.charts import MARGIN, count_axis, empty_figure, fit_top, histogram
+from app.format import rescale_words, sim_time
 from core.horizon import MIN_STANDS
 
 dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocator · harvester")
@@ -23,6 +23,7 @@ _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 def layout(**_):
     return html.Div([
         html.H2("Allocator"),
+        html.P(id=ids.HORIZON_PLAIN, className="lead"),
         html.P(id=ids.HORIZON, className="muted"),
         html.Div([
             html.Div([html.H3("Last decision"),
@@ -37,7 +38,7 @@ def layout(**_):
         html.H3("Solver runs"),
         dash_table.DataTable(id=ids.SOLVER_RUNS, columns=[{"id": c, "name": n} for c, n in (
             ("time", "time"), ("policy", "policy"), ("solver", "solver"), ("status", "status"),
-            ("objective", "objective ⓘ"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
+            ("objective", "objective"), ("size", "jobs × nodes"), ("solve_ms", "solve ms"))],
             data=[], style_cell=_CELL),
         html.P(id=ids.OBJECTIVE_HINT, className="hint"),
         html.H3("Event log"),
@@ -77,6 +78,25 @@ def order_text(config: dict) -> str:
             f"last), so jobs fill from its {ends[1]} node.")
 
 
+def plain_horizon(config: dict) -> str:
+    """The horizon in one plain sentence first, for whoever opens the page without the paper: the
+    technical account (horizon_text) follows it."""
+    tfwd = config.get("tfwd", 10.0)
+    h = config.get("horizon") or {}
+    pays = "Jobs change size when the change pays off within"
+    why = (". A grow or shrink pauses the job, so it is made only when the faster training over that time "
+           "makes up for the pause.")
+    if not isinstance(tfwd, str):
+        return f"{pays} {tfwd:,.0f} s, a fixed horizon{why}"
+    seconds = h.get("tfwd", 10.0)
+    if h.get("learned"):
+        return f"{pays} ~{seconds:,.0f} s, the time allocations usually stand{why}"
+    if h.get("bound"):
+        return f"{pays} ~{seconds:,.0f} s, the time allocations have stood so far (still learning){why}"
+    return (f"{pays} {seconds:,.0f} s for now, until enough allocations have changed to learn how long they "
+            f"usually stand{why}")
+
+
 def horizon_text(config: dict) -> str:
     """What the allocator looks ahead with, and (tfwd auto) what it learned that from."""
     return _horizon_text(config) + order_text(config)
@@ -107,10 +127,11 @@ def _horizon_text(config: dict) -> str:
 
 @dash.callback(Output(ids.DECISIONS, "data"), Output(ids.SOLVER_RUNS, "data"), Output(ids.SOLVE_HIST, "figure"),
                Output(ids.HORIZON, "children"), Output(ids.OBJECTIVE_HINT, "children"),
-               Output(ids.SOLVER_RUNS, "tooltip_header"), Input(ids.TICK, "n_intervals"))
+               Output(ids.SOLVER_RUNS, "tooltip_header"), Output(ids.HORIZON_PLAIN, "children"),
+               Input(ids.TICK, "n_intervals"))
 def update(n):
     if n and n % 2:
-        return (no_update,) * 6
+        return (no_update,) * 7
     hist = context.history
     config = context.harvester.snapshot.config
     unit, hint = objective_text(config)
@@ -119,26 +140,33 @@ def update(n):
         added, removed = json.loads(d["added"] or "[]"), json.loads(d["removed"] or "[]")
         parts = ([f"+{len(added)}: " + " ".join(added[:6]) + (" …" if len(added) > 6 else "")] if added else []) + \
                 ([f"−{len(removed)}: " + " ".join(removed[:6]) + (" …" if len(removed) > 6 else "")] if removed else [])
-        decisions.append({"job": d["job"], "change": f'{d["from_nodes"]} → {d["to_nodes"]}',
+        decisions.append({"job": d["job"],
+                          "change": rescale_words(d["from_nodes"], d["to_nodes"], len(added), len(removed)),
                           "reason": d["reason"], "nodes": "; ".join(parts)})
     runs = [{"time": sim_time(r["time"]), "policy": r["policy"], "solver": r["solver"], "status": r["status"],
              "objective": f'{r["objective"]:,.0f} {unit}' if r["objective"] is not None else "–",
              "size": f'{r["jobs"]} × {r["nodes"]}', "solve_ms": round(r["solve_ms"], 2)}
             for r in hist.solver_runs(20)]
     return (decisions, runs, solve_figure(hist.solve_times()), horizon_text(config), hint,
-            {"objective": hint})
+            {"objective": hint}, plain_horizon(config))
 
 
 def solve_figure(times: list[float]) -> dict:
-    """How long the solver takes: whole runs per bin of solve time, on linear axes."""
+    """How long the solver takes: whole runs per bin of solve time, on linear axes that end a
+    little above the 95th percentile (the few slower runs counted in the last bar, and said)."""
     if not times:
         return empty_figure("Solve time", height=260)
-    centres, counts, width = histogram(times)
+    top = fit_top(times)
+    centres, counts, width = histogram(times, top=top)
+    over = sum(1 for t in times if t > top)
+    title = f"Solve time, last {len(times):,} runs"
+    if over:
+        title += f" ({over:,} slower than {top:g} ms, up to {max(times):,.0f} ms, in the last bar)"
     return {"data": [{"type": "bar", "x": centres, "y": counts, "width": width, "marker": {"color": "#5e81ac"},
                       "hovertemplate": "%{y} runs near %{x:.2f} ms<extra></extra>"}],
-            "layout": {"title": {"text": f"Solve time, last {len(times):,} runs", "font": {"size": 13}},
+            "layout": {"title": {"text": title, "font": {"size": 13}},
                        "height": 260, "margin": MARGIN, "bargap": 0.05,
-                       "xaxis": {"title": {"text": "solve time (ms)"}, "rangemode": "tozero"},
+                       "xaxis": {"title": {"text": "solve time (ms)"}, "range": [0, top]},
                        "yaxis": count_axis("solver runs", max(counts))}}
 
 

@@ -5,6 +5,7 @@ import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 
 from app import context, ids
+from app.capacity import held_back
 from app.charts import LIVE_TIME_AXIS, MARGIN, NO_DATA, TIME_AXIS, count_axis, legend_label, ratio
 from app.format import gpus, si
 from app.grid import BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR, grid_figure
@@ -37,6 +38,7 @@ def layout(**_):
             _kpi(ids.KPI_RATE, "samples/s"),
             _kpi(ids.KPI_JOBS, "jobs running / queued"),
         ], id=ids.KPI, className="kpis"),
+        html.P(id=ids.HELD_BACK, className="notice"),
         dcc.Graph(id=ids.GRID, figure=figure, config={"displayModeBar": False},
                   className="grid-graph"),
         dcc.Store(id=ids.GRID_KEY, data=key),
@@ -112,6 +114,12 @@ def update_kpis(_n):
     return (_with_gpus(k["idle"], k.get("idle_gpus")), _with_gpus(k["harvested"], k.get("harvested_gpus")),
             ratio(k.get("used_node_s", 0.0), k.get("offered_node_s", 0.0)),
             si(k["samples_per_second"]), f'{k["running"]} / {k["queued"]}', legend)
+
+
+@dash.callback(Output(ids.HELD_BACK, "children"), Input(ids.TICK, "n_intervals"))
+def update_held_back(_n):
+    """Idle nodes unused while jobs wait for a running slot, in words (empty, and hidden, otherwise)."""
+    return held_back(context.harvester.snapshot)
 
 
 def _with_gpus(nodes: int, gpu_count) -> list:

@@ -13,7 +13,7 @@ from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
 from app import context, ids
 from app.charts import LIVE_TIME_AXIS, MARGIN, TIME_AXIS, count_axis, empty_figure
 from app.curve import curve_figure, probe_rows, probes_title, profile_line
-from app.format import duration, extent, finite, si, sim_time
+from app.format import duration, extent, finite, rescale_words, si, sim_time
 
 dash.register_page(__name__, path_template="/jobs/<job_id>", name="Job", title="Job · harvester")
 
@@ -178,10 +178,16 @@ LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
 def job_log(events, allocs, limit=200) -> list[dict]:
     """The job's own events and every change of its allocation, newest first."""
     rows = [(e["time"], e["kind"], e["node"] or "", e["detail"] or "") for e in reversed(events)]
-    rows += [(a["time"], a["reason"], _changed(a), f'{a["from_nodes"]} → {a["to_nodes"]} nodes') for a in allocs]
+    rows += [(a["time"], a["reason"], _changed(a), _change_words(a)) for a in allocs]
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i), reverse=True)
     return [{"time": sim_time(rows[i][0]), "kind": rows[i][1], "node": rows[i][2], "detail": rows[i][3]}
             for i in order[:limit]]
+
+
+def _change_words(alloc: dict) -> str:
+    """`8 → 32 nodes`, naming the swap when the step also gave nodes back (app.format.rescale_words)."""
+    added, removed = (len(json.loads(alloc.get(k) or "[]")) for k in ("added", "removed"))
+    return rescale_words(alloc["from_nodes"], alloc["to_nodes"], added, removed)
 
 
 def _changed(alloc: dict, shown: int = 3) -> str:
