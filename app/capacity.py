@@ -2,6 +2,7 @@
 on the Cluster page, so that a full queue beside an idle machine does not look like a fault."""
 from __future__ import annotations
 
+from core.admission import free_slots
 from core.snapshot import Snapshot
 
 
@@ -22,8 +23,8 @@ def held_back(snap: Snapshot) -> str:
     lane = snap.config.get("visitor_slots", 0) or 0
     running = [j for j in snap.jobs if j["state"] == "running"]
     in_lane = sum(1 for j in running if j.get("owner")) if lane else 0
-    free_set = max_jobs - (len(running) - min(in_lane, lane))     # as core.controller._free_slots
-    free_lane = max_jobs + lane - len(running)
+    free_set = free_slots(max_jobs, lane, len(running), in_lane, lane=False)
+    free_lane = free_slots(max_jobs, lane, len(running), in_lane, lane=True)
     blocked = [j for j in snap.jobs if j["state"] == "queued" and j.get("min_nodes", 1) <= unused
                and (free_lane if lane and j.get("owner") else free_set) <= 0]
     if not blocked:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.jobsets import load_jobset
 from core.model import Job
 from core.replay import DEFAULT_JOBS, DEFAULT_NODE_LIST, DEFAULT_TRACE, Replay, ReplaySettings, percentile

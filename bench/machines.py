@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.jobsets import COLUMNS
 from core.replay import Replay, ReplaySettings
 from core.timeutil import iso, parse_iso

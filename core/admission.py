@@ -63,3 +63,12 @@ def stuck(running: Iterable[Slot], idle: int) -> list[str]:
     """Running jobs that hold no node and could not start on the idle nodes (or whose owner is
     over a period quota): their slots are better given to queued jobs that can start."""
     return [s.job for s in running if s.held == 0 and (s.blocked or not can_start(s.min_nodes, idle))]
+
+
+def free_slots(max_jobs: int, visitor_slots: int, running: int, running_in_lane: int, lane: bool) -> int:
+    """Running slots a queued job may still take: the job set's `max_jobs`, and for a registered
+    job while the demo lane is on (`lane`) also the `visitor_slots` kept for such jobs alone,
+    of which `running_in_lane` of the `running` jobs use some."""
+    if lane:
+        return max_jobs + visitor_slots - running
+    return max_jobs - (running - min(running_in_lane, visitor_slots))

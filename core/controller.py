@@ -7,90 +7,40 @@ Time always comes from the clock, so replay and live runs share this code.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import math
 import threading
-from dataclasses import asdict, dataclass, replace
-from typing import Callable, Literal, Optional, Sequence, Union
+from dataclasses import asdict, replace
+from typing import Callable, Optional, Sequence
 
-import numpy as np
 
 from .allocator import Plan, allocate
 from .admission import Slot, can_start, stuck
+from .controller_config import ControllerConfig
 from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
 from .demand import node_demand
 from .dispatchers.base import Dispatcher
-from .errors import SettingsError
-from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner
+from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner, learn_step
+from .job_queue import JobQueue
 from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
-from .objective import OBJECTIVES, Problem
-from .policies import POLICIES, SOLVERS, make_policy
+from .objective import Problem
+from .policies import make_policy
 from .quotas import Quotas
 from .reclaim_order import ReclaimOrder
 from .slots import Slots
 from .picture import picture
 from .snapshot import Snapshot
-from .store import Batch, Store, StoreWriteError, job_row
+from .store import Batch, Store, job_row
+from .store_writer import StoreWriter
+from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
-QUEUE_ORDERS = ("fcfs", "priority")
-#: `tfwd` may be this instead of seconds: learn the horizon from the idle fragments (core.horizon)
-AUTO = "auto"
 
-
-def parse_tfwd(text: object) -> Union[float, str]:
-    """T_fwd as a person types it (a flag, a form field): seconds, or `auto`. Raises ValueError;
-    ControllerConfig checks the number."""
-    if isinstance(text, str) and text.strip().lower() == AUTO:
-        return AUTO
-    return float(text)  # type: ignore[arg-type]
-
-
-@dataclass
-class ControllerConfig:
-    policy: str = "milp"
-    solver: str = "dp"
-    objective: str = "throughput"
-    tfwd: Union[float, Literal["auto"]] = AUTO     # learned per job and decision (core.horizon)
-    max_jobs: int = 10
-    queue: str = "fcfs"
-    time_limit: float = 5.0
-    #: the demo lane: running slots beyond max_jobs that only registered jobs (not the job set's)
-    #: may take; such jobs also go first in the queue and are given nodes first (0: no lane)
-    visitor_slots: int = 0
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("policy", POLICIES), ("solver", SOLVERS), ("objective", OBJECTIVES),
-                              ("queue", QUEUE_ORDERS)):
-            if getattr(self, name) not in allowed:
-                raise SettingsError(name, f"unknown {name} {getattr(self, name)!r}; choose one of "
-                                          f"{', '.join(allowed)}")
-        if isinstance(self.tfwd, str) and self.tfwd.strip().lower() == AUTO:
-            self.tfwd = AUTO
-        for name in ("tfwd", "time_limit") if self.tfwd != AUTO else ("time_limit",):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise SettingsError(name, f"must be a positive number of seconds{' or auto' if name == 'tfwd' else ''}, "
-                                          f"not {v!r}")
-        if isinstance(self.max_jobs, bool) or not isinstance(self.max_jobs, int) or self.max_jobs < 1:
-            raise SettingsError("max_jobs", f"must be a whole number of at least 1, not {self.max_jobs!r}")
-        v = self.visitor_slots
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
-            raise SettingsError("visitor_slots", f"must be a whole number from 0 to 100, not {v!r}")
-
-    @property
-    def learns_horizon(self) -> bool:
-        """T_fwd is learned from the idle fragments rather than fixed."""
-        return self.tfwd == AUTO
-
-
-class Controller:  # ~360 lines: one step reads and writes the same node, job and queue state; split further, that state would be passed around
+class Controller:  # one step reads and writes the same node and job state; the queue, timeline, store writes, quotas, horizon and advice are their own modules
     def __init__(self, dispatcher: Dispatcher, clock: Clock, config: Optional[ControllerConfig] = None,
                  store: Optional[Store] = None, node_names: Sequence[str] = (),
                  timeline_every: float = 60.0, advisor: Optional[JPA] = None,
@@ -109,27 +59,20 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.held: dict[str, list[str]] = {}      # job -> nodes, in the order it got them
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, None] = {}        # admission order = allocator order
-        self._queue: list[tuple] = []
-        self._seq = itertools.count()
-        self.n_queued = 0
+        self.queue = JobQueue(self.config)
         self.counters = Counters()
         self.solve_times = SolveTimes()
         self.last_plan: Optional[Plan] = None
         self.last_allocation = Allocation(clock.now(), {})
         self.since: dict[str, float] = {}         # node -> when it last joined, left or changed holder
         self.rescaling_until: dict[str, float] = {}  # job -> end of its current rescale pause
-        self.timeline_every = timeline_every      # simulated seconds between timeline points
-        self.timeline_on_change = False           # also a point whenever the node/job counts change (live)
-        self.timeline_at: Optional[float] = None        # time of the last timeline point
-        self._timeline_counts: tuple = ()               # (idle, used, running, queued) at that point
+        self.timeline = Timeline(timeline_every)
         self.accounted_until: Optional[float] = None    # node-seconds are counted up to here
         self._inbox: list[Event] = []
         self.submitted: dict[str, Job] = {}       # registered, not yet taken in by a step
         self.lock = threading.RLock()
         self._batch = Batch()
-        self._unwritten: Optional[Batch] = None   # a flush that failed, written again by the next
-        self.store_problem: Optional[str] = None   # why the last flush failed; None once one works
-        self.store_failing_since: Optional[float] = None
+        self.writer = StoreWriter(store) if store is not None else None   # failed writes kept, retried
         self.frozen = False    # paused harvester: leaves are still honoured, nothing is re-divided
         #: `tfwd auto`: the survival of idle fragments, fed by every leave (None: T_fwd is fixed)
         self.horizon_learner = HorizonLearner() if self.config.learns_horizon else None
@@ -205,11 +148,10 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         """(nodes the jobs could use, nodes they hold now), for a source that holds nodes at a
         cost (core/demand.py)."""
         with self.lock:
-            queued = [self.jobs[e[-1]] for e in sorted(self._queue)
-                      if self.jobs[e[-1]].state is JobState.QUEUED]
+            queued = self.queue.queued(self.jobs)
             running = [self.jobs[j] for j in self.running if self.quota.may_run(self.jobs[j].owner)]
             waiting = [j for j in (*queued, *self.submitted.values()) if self.quota.may_run(j.owner)]
-            slots = self._free_slots(any(self.in_lane(j) for j in waiting))
+            slots = self.queue.free_slots(any(self.queue.in_lane(j) for j in waiting), self._running_jobs())
             return node_demand(running, waiting, slots), list(self.owner)
 
     def active_jobs_of(self, owner: str) -> int:
@@ -301,30 +243,16 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             return result
 
     def _timeline_due(self, now: float) -> bool:
-        if self.timeline_at is None or now - self.timeline_at >= self.timeline_every:
-            return True
-        return self.timeline_on_change and self._counts() != self._timeline_counts
+        return self.timeline.due(now, self._counts())
 
     def _counts(self) -> tuple:
         return len(self.idle), len(self.owner), len(self.running), self.n_queued
 
     def _learn_horizon(self, now: float) -> Optional[dict[str, float]]:
-        """`tfwd auto`: this step's horizon from the allocation stands seen so far, and every idle
-        node's expected remaining idle time from the fragments (for placement); None with a fixed
-        T_fwd or before a fragment has ended. A clairvoyant replay gives the true times instead."""
-        learner = self.horizon_learner
-        if not self.idle:
-            return None
-        names = list(self.idle)
-        if learner is None:
-            return self.clairvoyant(names, now) if self.clairvoyant is not None else None
-        ages = now - np.fromiter(self.idle.values(), dtype=float, count=len(names))
-        self.horizon = learner.decide(ages, list(self.running), now)
-        if self.clairvoyant is not None:
-            return self.clairvoyant(names, now)
-        if not learner.survival.count:
-            return None
-        return dict(zip(names, learner.expected(ages, ages).tolist()))
+        """`tfwd auto`: this step's horizon, and the idle nodes' expected idle time (core/horizon.py)."""
+        horizon, expected = learn_step(self.horizon_learner, self.idle, self.running, now, self.clairvoyant)
+        self.horizon = horizon or self.horizon
+        return expected
 
     def _remaining(self, now: float) -> dict[str, float]:
         """Samples each running job has still to process (what a probe's gain is spread over)."""
@@ -336,9 +264,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
     def _timeline_point(self, now: float, rate: Optional[float] = None) -> None:
         if rate is None:
             rate = sum(self.dispatcher.rate(self.jobs[j]) for j in self.running)
-        self.timeline_at = now
-        self._timeline_counts = self._counts()
-        self._batch.timeline_point(now, *self._timeline_counts, rate)
+        self.timeline.point(self._batch, now, self._counts(), rate)
 
     def _log(self, ev: Event) -> None:
         self._batch.event(ev)
@@ -406,7 +332,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         if was_running:
             self.dispatcher.stop(job, now)
         if job.state is JobState.QUEUED:
-            self.n_queued -= 1
+            self.queue.left()
         job.samples_done = job.total_samples if state is JobState.DONE else job.samples_done
         if state is JobState.FAILED:
             job.failure = ev.failure or {"kind": "other", "message": ev.detail, "node": ev.node, "hint": "",
@@ -432,32 +358,20 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         self.jobs[job.id] = job
         self.advice.register(job)
         self.counters.jobs_submitted += 1
-        self.n_queued += 1
-        self._push_queue(job)
+        self.queue.push(job)
         self._batch.jobs[job.id] = job_row(job)
         return True
 
     def enqueue(self, job: Job) -> None:
         """Queue a job taken up again from the store (restore)."""
-        self._push_queue(job)
-        self.n_queued += 1
+        self.queue.push(job)
 
-    def in_lane(self, job: Job) -> bool:
-        """A registered job (not the job set's) while the demo lane is on."""
-        return self.config.visitor_slots > 0 and bool(job.owner)
+    @property
+    def n_queued(self) -> int:
+        return self.queue.count
 
-    def _push_queue(self, job: Job) -> None:
-        key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
-        heapq.heappush(self._queue, (0 if self.in_lane(job) else 1, *key, next(self._seq), job.id))
-
-    def _free_slots(self, lane: bool) -> int:
-        """Running slots a queued job may still take: the job set's `max_jobs`, and for a registered
-        job while the demo lane is on also the `visitor_slots` kept for such jobs alone."""
-        cfg = self.config
-        if lane:
-            return cfg.max_jobs + cfg.visitor_slots - len(self.running)
-        in_lane = sum(1 for j in self.running if self.in_lane(self.jobs[j])) if cfg.visitor_slots else 0
-        return cfg.max_jobs - (len(self.running) - min(in_lane, cfg.visitor_slots))
+    def _running_jobs(self) -> list[Job]:
+        return [self.jobs[j] for j in self.running]
 
     def _admit(self, now: float) -> bool:
         """Give free running slots, in queue order, to queued jobs that can start on the idle
@@ -465,38 +379,24 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         cannot start give theirs back to the queue when a queued job could start."""
         idle = len(self.idle)
         changed = False
-        startable = [e for e in self._queue if self.jobs[e[-1]].state is JobState.QUEUED
-                     and self._can_start(self.jobs[e[-1]], idle)]
+        startable = [j for j in self.queue.queued(self.jobs, ordered=False) if self._can_start(j, idle)]
         if not startable:
-            return changed     # nobody can start: leave the heap alone (a cheap scan, no reshuffle)
-        free = {lane: self._free_slots(lane) for lane in (False, True)}
-        if not any(free[self.in_lane(self.jobs[e[-1]])] > 0 for e in startable):
+            return changed     # nobody can start: leave the queue alone (a cheap scan, no reshuffle)
+        running = self._running_jobs()
+        free = {lane: self.queue.free_slots(lane, running) for lane in (False, True)}
+        if not any(free[self.queue.in_lane(j)] > 0 for j in startable):
             waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ())),
                                   not self.quota.may_run(self.jobs[j].owner)) for j in self.running), idle)
             for jid in waiting:
                 self._requeue(jid, now)
             changed = bool(waiting)
-        skipped = []
-        while self._queue:
-            entry = heapq.heappop(self._queue)
-            job = self.jobs[entry[-1]]
-            if job.state is not JobState.QUEUED:
-                continue
-            if self._free_slots(self.in_lane(job)) <= 0:
-                skipped.append(entry)     # the lane's jobs come first and have the most room:
-                break                     # nobody after this one has a slot
-            if not self._can_start(job, idle):
-                skipped.append(entry)
-                continue
+        for job in self.queue.admit(self.jobs, self._running_jobs(), lambda j: self._can_start(j, idle)):
             job.state = JobState.RUNNING
-            self.n_queued -= 1
             job.start_time = job.start_time if job.start_time is not None else now
             self.running[job.id] = None
             self.held.setdefault(job.id, [])
             self._batch.jobs[job.id] = job_row(job)
             changed = True
-        for entry in skipped:
-            heapq.heappush(self._queue, entry)
         return changed
 
     def _can_start(self, job: Job, idle: int) -> bool:
@@ -515,8 +415,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         job.state = JobState.QUEUED
         if not job.samples_done:
             job.start_time = None
-        self.n_queued += 1
-        self._push_queue(job)
+        self.queue.push(job)
         self._batch.jobs[jid] = job_row(job)
         why = self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
         self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: {why}"))
@@ -530,7 +429,7 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
         reqs = [replace(r, paused_s=self.rescaling_until[r.id] - now) if self.rescaling_until.get(r.id, now) > now
                 else r for r in reqs]
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
-        lane = [i for i, (j, r) in enumerate(zip(jobs, reqs)) if not r.bonus and self.in_lane(j)]
+        lane = [i for i, (j, r) in enumerate(zip(jobs, reqs)) if not r.bonus and self.queue.in_lane(j)]
         for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can
             reqs[i] = replace(reqs[i], bonus=PROBE_BONUS)
         h = self.horizon
@@ -613,30 +512,8 @@ class Controller:  # ~360 lines: one step reads and writes the same node, job an
             if extra_meta:
                 self._batch.meta.update(extra_meta)
             batch, self._batch = self._batch, Batch()
-            if self.store is not None:
-                self._write(batch, now)
-
-    def _write(self, batch: Batch, now: float) -> None:
-        """Write this batch after any that failed before; a failure keeps them all for the next
-        flush and says so (`store_problem`) instead of stopping the run."""
-        if self._unwritten is not None:
-            batch = self._unwritten.merge(batch)
-        try:
-            self.store.write(batch)
-        except StoreWriteError as e:
-            if self.store_problem is None:
-                log.error("store write failed, keeping %d rows to write again: %s", batch.rows, e)
-                self.store_failing_since = now
-            self._unwritten, self.store_problem = batch, str(e)
-            return
-        if self.store_problem is not None:
-            log.warning("store writes again (%d rows kept while it failed are saved)", batch.rows)
-        self._unwritten = self.store_problem = self.store_failing_since = None
-
-    @property
-    def unsaved_rows(self) -> int:
-        """Rows kept in memory because the store failed (0 while it works)."""
-        return self._unwritten.rows if self._unwritten is not None else 0
+            if self.writer is not None:
+                self.writer.write(batch, now)
 
     # ---- reading --------------------------------------------------------------------------
     @property

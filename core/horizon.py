@@ -263,3 +263,22 @@ class HorizonLearner:
         self.last = Horizon(tfwd, frag.count, len(idle), median_s, life, learned,
                             {j: tfwd for j in jobs} if learned else {}, self.stands.count, len(going), bound)
         return self.last
+
+
+def learn_step(learner: Optional[HorizonLearner], idle: Mapping[str, float], jobs: Sequence[str], now: float,
+               clairvoyant=None) -> tuple[Optional[Horizon], Optional[dict[str, float]]]:
+    """One step's horizon (None with a fixed T_fwd) and every idle node's expected remaining idle
+    time for placement (`idle`: node -> idle since; None with a fixed T_fwd or before a fragment
+    has ended). A clairvoyant replay (`clairvoyant(names, now)`) gives the true times instead."""
+    if not idle:
+        return None, None
+    names = list(idle)
+    if learner is None:
+        return None, clairvoyant(names, now) if clairvoyant is not None else None
+    ages = now - np.fromiter(idle.values(), dtype=float, count=len(names))
+    horizon = learner.decide(ages, list(jobs), now)
+    if clairvoyant is not None:
+        return horizon, clairvoyant(names, now)
+    if not learner.survival.count:
+        return horizon, None
+    return horizon, dict(zip(names, learner.expected(ages, ages).tolist()))

@@ -24,7 +24,8 @@ from typing import Callable, Iterator, Optional
 
 from .clairvoyant import Clairvoyant
 from .clock import SimClock
-from .controller import AUTO, QUEUE_ORDERS, Controller, ControllerConfig, parse_tfwd
+from .controller import Controller
+from .controller_config import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .clock import Clock
-from .controller import Controller, ControllerConfig
+from .controller import Controller
+from .controller_config import ControllerConfig
 from .counters import SOLVE_BUCKETS_S, SOLVE_WINDOW, Counters
 from .dispatchers.base import Dispatcher
 from .jpa import JPA
@@ -69,7 +70,7 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
         ctl.counters = Counters(**counters)
     count, sum_ms, max_ms, le = store.solve_totals([b * 1000.0 for b in SOLVE_BUCKETS_S])
     ctl.solve_times.restore(store.solve_times(SOLVE_WINDOW), count, sum_ms, max_ms, le)
-    ctl.timeline_at = store.last_timeline_time()
+    ctl.timeline.at = store.last_timeline_time()
     saved_at = store.meta("clock", now)     # what was held when the store was last saved counts until then
     owner_of = {j.id: j.owner for j, _ in rows}
     ctl.quota.seed((owner_of.get(h.job, ""), h.start, saved_at if h.end is None else h.end)

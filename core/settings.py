@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 
 from .admission import DEFAULT_USER_MAX_JOBS
 from .crashes import DEFAULT_CRASH_WINDOW_S
-from .controller import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
+from .controller_config import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import InputError, SettingsError
 from .inventory import MAX_SLOTS
 from .jpa import JPAConfig

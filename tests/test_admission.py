@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.admission import Slot, can_start, over_quota, stuck, too_big
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.model import Event, EventKind, JobState
 from tests.support.server import start_app
 from tests.support.sim import T0, controller, job
@@ -145,7 +145,7 @@ def test_the_demo_lane_runs_visitors_past_a_full_queue_without_taking_the_job_se
     ctl.step()
     assert set(ctl.running) == {"set0", "set1", "v1"}, "the lane's slot is the visitor's"
     assert len(ctl.held["v1"]) >= 1, "a visitor's job gets at least its minimum"
-    assert ctl._free_slots(lane=False) == 0 and ctl._free_slots(lane=True) == 0
+    assert ctl.queue.free_slots(False, ctl._running_jobs()) == 0 and ctl.queue.free_slots(True, ctl._running_jobs()) == 0
 
     clock.advance_to(T0 + 40)
     ctl.step([Event(T0 + 40, EventKind.JOB_CANCEL, job="set0")])

@@ -9,7 +9,7 @@ import pytest
 
 from app.client import Client
 from core.clock import SimClock
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.counters import SolveTimes
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.restore import restore

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.clairvoyant import Clairvoyant
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.errors import SettingsError
 from core.replay import Replay, ReplaySettings, build_parser
 from core.timeutil import parse_iso

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from core.clock import SimClock
-from core.controller import Controller, ControllerConfig
+from core.controller import Controller
+from core.controller_config import ControllerConfig
 from core.horizon import MIN_STANDS
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind, JobState

@@ -1,7 +1,7 @@
 """How many nodes the jobs could use (core/demand.py), on its own and as the controller counts it."""
 from __future__ import annotations
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.demand import node_demand
 from tests.support.sim import controller, job
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.format import extent
 from core.assemble import build
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.replay import Replay, ReplaySettings
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.replay import DEFAULT_JOBS, Replay, ReplaySettings, linear_guess
 
 WINDOW = dict(start="2021-02-10T20:00:00Z", hours=6.0, nodes=512)

@@ -6,7 +6,8 @@ import dash
 import pytest
 
 from core.clock import SimClock
-from core.controller import Controller, ControllerConfig
+from core.controller import Controller
+from core.controller_config import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind
 from tests.support.files import ROOT

@@ -18,7 +18,8 @@ from app.capacity import held_back
 from app.format import rescale_words
 from app.grid import BUSY_COLOUR, IDLE_COLOUR, JOB_COLOURS, PROBE_COLOURS, RESCALE_COLOUR
 from core.clock import SimClock
-from core.controller import Controller, ControllerConfig
+from core.controller import Controller
+from core.controller_config import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from tests.support.colour import delta_e2000, lab
 from tests.support.files import ROOT

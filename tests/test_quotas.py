@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from core.clock import SimClock
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.explain import why
 from core.model import Event, EventKind, JobState

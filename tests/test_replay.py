@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.replay import TIMING_KEYS, Replay, ReplaySettings
 from tests.support.files import write_jobset
 from tests.support.procs import run_module

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.replay import TIMING_KEYS, Replay, ReplaySettings
 from core.runners import ReplayRunner
 from core.snapshot import BUSY, HELD, IDLE

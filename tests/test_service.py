@@ -9,7 +9,7 @@ import pytest
 
 from core.errors import InputError, SettingsError
 from core.service import Unsupported
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.replay import ReplaySettings
 from core.schemas import JobSpec
 from core.assemble import build

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.__main__ import build_parser, flag, settings_from
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.errors import SettingsError
 from core.replay import ReplaySettings
 from core.settings import HarvesterSettings, LiveSettings, check_speed

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from core.clock import SimClock
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Event, EventKind
 from core.restore import restore

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.auth import MIN_KEY_CHARS, secret_key
-from core.controller import ControllerConfig
+from core.controller_config import ControllerConfig
 from core.errors import StoreError
 from core.model import Event, EventKind
 from core.restore import restore
@@ -57,7 +57,7 @@ def test_a_write_that_fails_twice_loses_no_row_and_the_run_goes_on(tmp_path):
     ctl.step()
     ctl.flush()
     logged = events_in(db)
-    assert ctl.store_problem is None
+    assert ctl.writer.problem is None
 
     lock = WriteLock(db)
     for t in (100, 200):                      # two flushes fail, each with new events
@@ -67,8 +67,8 @@ def test_a_write_that_fails_twice_loses_no_row_and_the_run_goes_on(tmp_path):
                   Event(T0 + t, EventKind.NODE_JOIN, node=victim)])
         logged += 2
         ctl.flush()
-        assert ctl.store_problem is not None and "locked" in ctl.store_problem
-        assert ctl.store_failing_since == T0 + 100 and ctl.unsaved_rows > 0
+        assert ctl.writer.problem is not None and "locked" in ctl.writer.problem
+        assert ctl.writer.failing_since == T0 + 100 and ctl.writer.unsaved_rows > 0
     with pytest.raises(StoreWriteError):      # a person's job is refused, not half-registered
         ctl.submit(job("C", submit=T0 + 200), durable=True)
     assert ctl.job("C") is None
@@ -77,7 +77,7 @@ def test_a_write_that_fails_twice_loses_no_row_and_the_run_goes_on(tmp_path):
     clock.advance_to(T0 + 300)
     ctl.step()
     ctl.flush()
-    assert ctl.store_problem is None and ctl.unsaved_rows == 0
+    assert ctl.writer.problem is None and ctl.writer.unsaved_rows == 0
     assert events_in(db) == logged
     store.close()
     back = restore(Store(db), SimulatedDispatcher(), clock, node_names=NODES)

@@ -134,9 +134,9 @@ class Harvester:
             self.runner.stop()
             ctl = self.runner.controller
             ctl.flush({"clean_stop": True})     # the next start finds a clean stop, not a crash
-            if ctl.store_problem is not None:
-                log.error("stopping with the store failing: %d rows were not saved (%s)",
-                          ctl.unsaved_rows, ctl.store_problem)
+            w = ctl.writer
+            if w is not None and w.problem is not None:
+                log.error("stopping with the store failing: %d rows were not saved (%s)", w.unsaved_rows, w.problem)
             store = ctl.store
             if store is not None:
                 store.close()
@@ -171,11 +171,10 @@ class Harvester:
     def store_problem(self) -> Optional[dict]:
         """While store writes fail (kept in memory and retried every flush): why, since when and
         how many rows wait; None while the store works."""
-        ctl = self.controller
-        if ctl is None or ctl.store_problem is None:
+        w = self.controller.writer if self.controller is not None else None
+        if w is None or w.problem is None:
             return None
-        return {"state": "failing", "detail": ctl.store_problem, "since": ctl.store_failing_since,
-                "unsaved_rows": ctl.unsaved_rows}
+        return {"state": "failing", "detail": w.problem, "since": w.failing_since, "unsaved_rows": w.unsaved_rows}
 
     @property
     def speed(self) -> float:

@@ -9,7 +9,8 @@ from typing import Callable, Mapping, Optional
 
 from ..admission import runs_as
 from ..clock import WallClock
-from ..controller import Controller, ControllerConfig
+from ..controller import Controller
+from ..controller_config import ControllerConfig
 from ..restore import restore
 from ..dispatchers.base import Dispatcher
 from ..jpa import JPA, JPAConfig
@@ -75,7 +76,7 @@ class LiveHarvester(Harvester):
         else:
             ctl = Controller(self.dispatcher, clock, self.config, store, names, advisor=advisor, slots=self.slots)
             ctl.start(idle)
-        ctl.timeline_every, ctl.timeline_on_change = LIVE_TIMELINE_EVERY_S, True   # charts follow every rescale
+        ctl.timeline.every, ctl.timeline.on_change = LIVE_TIMELINE_EVERY_S, True   # charts follow every rescale
         self._begin_life(ctl, last, {"live": {"source": self.source.name, "dispatcher": self.dispatcher.name}})
         self._run(LiveRunner(ctl, self.source, self.tick_s, first_seq=self._seq + 1))
 

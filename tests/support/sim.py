@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from core.clock import SimClock
-from core.controller import Controller, ControllerConfig
+from core.controller import Controller
+from core.controller_config import ControllerConfig
 from core.dispatchers.simulated import SimulatedDispatcher
 from core.model import Curve, Event, EventKind, Job
 from core.timeutil import parse_iso

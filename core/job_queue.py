@@ -1,0 +1,69 @@
+"""Jobs waiting for a running slot, in admission order: first come first served or by priority,
+with the demo lane's registered jobs first. It decides who takes a free slot; the controller
+applies that to its job and node state."""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable, Iterable
+
+from .admission import free_slots
+from .controller_config import ControllerConfig
+from .model import Job, JobState
+
+
+class JobQueue:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self._heap: list[tuple] = []     # (lane first, order key..., seq, job id); may hold ended jobs
+        self._seq = itertools.count()
+        self.count = 0                   # jobs queued now
+
+    def in_lane(self, job: Job) -> bool:
+        """A registered job (not the job set's) while the demo lane is on."""
+        return self.config.visitor_slots > 0 and bool(job.owner)
+
+    def push(self, job: Job) -> None:
+        """Queue a job (new, restored, or back from running): it keeps its place by submit time."""
+        key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
+        heapq.heappush(self._heap, (0 if self.in_lane(job) else 1, *key, next(self._seq), job.id))
+        self.count += 1
+
+    def left(self) -> None:
+        """A queued job ended without running (cancelled): its entry is skipped when met."""
+        self.count -= 1
+
+    def queued(self, jobs: dict[str, Job], ordered: bool = True) -> list[Job]:
+        """The queued jobs, in admission order (or, cheaper, in no order)."""
+        entries = sorted(self._heap) if ordered else self._heap
+        return [jobs[e[-1]] for e in entries if jobs[e[-1]].state is JobState.QUEUED]
+
+    def free_slots(self, lane: bool, running: Iterable[Job]) -> int:
+        running = list(running)
+        cfg = self.config
+        in_lane = sum(1 for j in running if self.in_lane(j)) if cfg.visitor_slots else 0
+        return free_slots(cfg.max_jobs, cfg.visitor_slots, len(running), in_lane, lane)
+
+    def admit(self, jobs: dict[str, Job], running: Iterable[Job], can_start: Callable[[Job], bool]) -> list[Job]:
+        """Take off the queue, in order, the queued jobs that get a free running slot and can start
+        now; the others keep their place. The lane's jobs come first and have the most room, so
+        nobody after a job without a slot has one."""
+        running = list(running)
+        admitted, skipped = [], []
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            job = jobs[entry[-1]]
+            if job.state is not JobState.QUEUED:
+                continue
+            if self.free_slots(self.in_lane(job), running) <= 0:
+                skipped.append(entry)
+                break
+            if not can_start(job):
+                skipped.append(entry)
+                continue
+            admitted.append(job)
+            running.append(job)
+            self.count -= 1
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return admitted
