@@ -26,7 +26,6 @@ from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
 from .storelock import StoreLock
 from .transports.base import NodeSpec, Transport
-from .transports.runas import RunAs
 
 log = logging.getLogger(__name__)
 
@@ -153,18 +152,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
                             crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
-                            start_timeout_s=w.start_timeout_s, run_as=launcher_for(live),
+                            start_timeout_s=w.start_timeout_s, run_as=live.launcher,
                             orphan_s=live.slurm.orphan_timeout_s if live.dispatcher == "pilot" else 0.0)
-
-
-def launcher_for(live: LiveSettings) -> Optional[RunAs]:
-    """The site's launcher for the dispatcher; in Slurm pilots the pilot applies it (it alone
-    knows the variables of its Slurm binding that the launcher must keep: core/slurm/runas.py)."""
-    launcher = live.launcher
-    if launcher is not None and live.dispatcher == "pilot":
-        from .slurm.runas import PilotLauncher
-        return PilotLauncher.of(launcher)
-    return launcher
 
 
 def check_addresses(live: LiveSettings, hosts: dict[str, Optional[str]]) -> None:

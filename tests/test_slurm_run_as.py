@@ -27,13 +27,12 @@ from typing import Iterator, Optional
 
 import pytest
 
-from core.assemble import launcher_for
-from core.settings import HarvesterSettings
 from core.slurm import pilot_job
 from core.slurm.pilot_job import Pilot
-from core.slurm.runas import PilotLauncher, launch_argv
+from core.slurm.runas import launch_argv
+from core.slurm.transport import PilotTransport
 from core.slurm.wire import GIVE, START
-from core.transports.base import StartError
+from core.transports.base import NodeSpec, StartError
 from core.transports.runas import RunAs
 from tests.support.accounts import LAUNCHER, SUDO, unix_account
 from tests.support.server import ROOT, USERS, start_app, write_users
@@ -152,23 +151,28 @@ def probe(account: str, *argv: str) -> subprocess.CompletedProcess:
 
 # ---- the rules, without Slurm ------------------------------------------------------------------
 def test_the_pilot_applies_the_launcher_with_its_slurm_binding_named():
-    launcher = PilotLauncher.of(RunAs.parse(LAUNCHER))
-    argv = launcher.argv("alice1", {"HARVEST_JOB": "j1"}, ["python", "x.py"])
-    assert argv == ["python", "x.py"] and argv.wire() == {"user": "alice1", "launcher": list(launcher.words)}
+    sent = []
+    transport = PilotTransport(hub=None)
+    transport._checked = lambda node, op, **fields: sent.append((op, fields)) or {"pid": 9, "job": "7", "token": "t"}
+    launcher = RunAs.parse(LAUNCHER)
+    node = NodeSpec("node1")
+    transport.start_as(node, launcher, "alice1", ["python", "x.py"], {"HARVEST_JOB": "j1"}, "", "/tmp/w.log")
+    (op, fields), = sent
+    assert fields["argv"] == ["python", "x.py"], "the pilot, not the harvester, puts the launcher first"
+    assert fields["run_as"] == {"user": "alice1", "launcher": list(launcher.words)}
     with pytest.raises(ValueError, match="not a Unix account"):
-        launcher.argv("-oProxyCommand=x", {}, ["true"])
+        transport.start_as(node, launcher, "-oProxyCommand=x", ["true"], {}, "", "/tmp/w.log")
+    transport.start(node, ["true"], {}, "", "/tmp/w.log")
+    assert "run_as" not in sent[-1][1], "a job of the harvester's own account goes as before"
     pilot_env = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "ZE_AFFINITY_MASK": "0,1", "LANG": "C.UTF-8",
                  "HOME": "/root", "PATH": "/usr/bin", "USER": "root", "HARVEST_PILOT_TOKEN": "secret"}
-    assert launch_argv(argv.wire(), argv, {"HARVEST_JOB": "j1"}, pilot_env) == [
+    assert launch_argv(fields["run_as"], fields["argv"], {"HARVEST_JOB": "j1"}, pilot_env) == [
         "sudo", "-n", "-u", "alice1",
         "--preserve-env=CUDA_VISIBLE_DEVICES,HARVEST_JOB,LANG,SLURM_JOB_ID,ZE_AFFINITY_MASK", "--", "python", "x.py"]
     with pytest.raises(ValueError, match="list of words"):
         launch_argv({"user": "alice1", "launcher": "sudo -u {user}"}, ["true"], {}, {})
     with pytest.raises(ValueError, match="{user}"):
         launch_argv({"user": "alice1", "launcher": ["sudo", "--"]}, ["true"], {}, {})
-    slurm = HarvesterSettings.parse({"live": {"source": "slurm", "run_as": LAUNCHER}}).live
-    ssh = HarvesterSettings.parse({"live": {"dispatch": "ssh", "inventory": "n.txt", "run_as": LAUNCHER}}).live
-    assert isinstance(launcher_for(slurm), PilotLauncher) and type(launcher_for(ssh)) is RunAs
 
 
 def test_a_pilot_that_is_not_root_refuses_to_run_a_job_as_another_account(monkeypatch, tmp_path):

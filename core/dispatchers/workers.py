@@ -373,7 +373,7 @@ class WorkerDispatcher(Dispatcher):
                                             "for other accounts (run_as)")
             self.transport.give_dir(node, str(checkpoint_dir(self.logdir, job.id)), job.run_as)
             env = {**env, ENV_MARK: new_mark()}
-            argv = self.run_as.argv(job.run_as, env, argv)
+            return self.transport.start_as(node, self.run_as, job.run_as, argv, env, self.workdir, log_path)
         return self.transport.start(node, argv, env, self.workdir, log_path)
 
     def _restart_lost(self, job_id: str, node: str, failure: Failure) -> None:

@@ -7,10 +7,9 @@ A handle's token is `<pilot job id>/<process start time>`: a request for a worke
 has ended is answered here ("gone": Slurm ended the job's processes, and the pilot stops its
 workers before it exits), never sent to the next pilot on the same node.
 
-A job that runs as its owner's account (`--run-as`) comes with its argv tagged by the pilot
-launcher (core/slurm/runas.py): the account and the launcher go to the pilot, which runs the
-worker behind it, and `give_dir` asks the pilot to make the job's checkpoint directory the
-account's.
+A job that runs as its owner's account (`--run-as`, `start_as`) sends the account and the
+launcher to the pilot, which runs the worker behind it (core/slurm/runas.py), and `give_dir`
+asks the pilot to make the job's checkpoint directory the account's.
 """
 from __future__ import annotations
 
@@ -18,10 +17,10 @@ import time
 from typing import Mapping, Optional, Sequence
 
 from .hub import PilotGone, PilotHub, PilotLink
-from .runas import LaunchAs
 from .wire import ALIVE, GIVE, KILL, START, STOP, TAIL
 from ..transports.base import STOP_GONE, Handle, NodeSpec, StartError, Transport, TransportError, check_start_args
 from ..transports.local import tail_file
+from ..transports.runas import UNIX_NAME, RunAs
 
 
 class PilotTransport(Transport):
@@ -33,10 +32,22 @@ class PilotTransport(Transport):
 
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,
               log_path: str) -> Handle:
-        run_as = {"run_as": argv.wire()} if isinstance(argv, LaunchAs) else {}
+        return self._start(node, argv, env, workdir, log_path, {})
+
+    def start_as(self, node: NodeSpec, launcher: RunAs, user: str, argv: Sequence[str], env: Mapping[str, str],
+                 workdir: str, log_path: str) -> Handle:
+        """The pilot applies the launcher: `{env}` must also name its Slurm binding (SLURM_*, the
+        GPUs Slurm bound to it), which only it knows (core/slurm/runas.py)."""
+        if not UNIX_NAME.match(user):
+            raise ValueError(f"{user!r} is not a Unix account name")
+        return self._start(node, argv, env, workdir, log_path, {"user": user, "launcher": list(launcher.words)})
+
+    def _start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str, log_path: str,
+               run_as: dict) -> Handle:
         argv, env = list(argv), dict(env)
         check_start_args(node, argv, env, workdir, log_path)
-        reply = self._checked(node, START, argv=argv, env=env, workdir=workdir, log=log_path, **run_as)
+        extra = {"run_as": run_as} if run_as else {}
+        reply = self._checked(node, START, argv=argv, env=env, workdir=workdir, log=log_path, **extra)
         return Handle(node, int(reply["pid"]), f"{reply['job']}/{reply['token']}", log_path, time.time())
 
     def give_dir(self, node: NodeSpec, path: str, user: str) -> None:

@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+from .runas import RunAs
+
 #: environment variable names accepted by `start` (what a POSIX shell can export)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: all a worker inherits from the process that starts it (the harvester, or a pilot): nothing
@@ -137,6 +139,13 @@ class Transport(ABC):
         one the transport makes one. Returns as soon as the PID is
         known. Raises StartError when the command or workdir does not exist, TransportError
         when the node cannot be reached, ValueError for arguments exec() cannot carry."""
+
+    def start_as(self, node: NodeSpec, launcher: RunAs, user: str, argv: Sequence[str], env: Mapping[str, str],
+                 workdir: str, log_path: str) -> Handle:
+        """`start` as Unix account `user` through the site's launcher: its words before `argv`,
+        keeping exactly the variables of `env`. A transport whose worker gets variables of its
+        own on the node (a Slurm pilot's binding) applies the launcher there instead."""
+        return self.start(node, launcher.argv(user, env, argv), env, workdir, log_path)
 
     def host_of(self, node: NodeSpec) -> Optional[str]:
         """The host a worker for `node` runs on, as this host would name it; None: not known."""
