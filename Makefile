@@ -45,6 +45,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.vacate
 	$(PY) -m bench.slurm
 	$(PY) -m bench.facility
+	$(PY) -m bench.preemption
 	$(PY) -m bench.jpa
 
 clean:

@@ -57,3 +57,11 @@ def test_jpa_every_policy_on_both_workloads():
         assert set(out[workload]) == {"oracle", "noinfo", "even", "jpa"}
         assert all(v > 0 for v in out[workload].values())
         assert out["ratios"][workload]["jpa_vs_oracle"] > 0
+
+
+def test_preemption_times_a_pair_of_main_jobs_on_a_real_slurm():
+    out = last_json(run_module("bench.preemption", "--quick", "--json", timeout=300))
+    row = out["exit_ms"]["0"]
+    assert out["repeats"] == 1 and set(out["exit_ms"]) == {"0"}
+    assert row["free_ms_p50"] > 0 and row["preempted_ms_p50"] > 0
+    assert row["added_ms_p50"] == round(row["preempted_ms_p50"] - row["free_ms_p50"], 1)
