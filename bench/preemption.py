@@ -49,8 +49,8 @@ signal.signal(signal.SIGTERM, leave)
 while True:
     time.sleep(1)
 """
-#: a main job writes when its script began (squeue says RUNNING earlier on 24.11: while its node
-#: is still being cleaned up, the job is RUNNING and CONFIGURING)
+#: a main job writes when its script began: what its user waits for (squeue's RUNNING can come
+#: before that, while the node is still being set up)
 MAIN = "#!/bin/sh\ndate +%s.%N > {mark}.tmp && mv {mark}.tmp {mark}\nsleep 2\n"
 
 
