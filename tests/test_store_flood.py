@@ -121,8 +121,15 @@ def test_a_jobs_store_that_dies_is_started_again_and_the_job_resumes_from_its_ch
     events; the other job never notices."""
     app, attacked, other, step = _two_jobs(tmp_path)
     try:
-        store = lambda: environ_of(worker_pid(attacked, "local-0") or worker_pid(attacked, "local-1"))["HARVEST_STORE"]
-        first = store()
+        def store():
+            """The store address a worker of the job was given; None while it has none (restarting)."""
+            pid = worker_pid(attacked, "local-0") or worker_pid(attacked, "local-1")
+            try:
+                return environ_of(pid)["HARVEST_STORE"] if pid else None
+            except FileNotFoundError:      # it ended between the two reads
+                return None
+
+        first = wait(store, 30, "the job's store")
         os.kill(_listener(int(first.rpartition(":")[2])), signal.SIGKILL)
         wait(lambda: any(k == "job_trouble" and "store" in d and "ended" in d for k, d in _events(app.db, attacked)),
              15, "the store's end said in the job's events", lambda: (_events(app.db, attacked), app.output()[-3000:]))
