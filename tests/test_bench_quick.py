@@ -64,4 +64,5 @@ def test_preemption_times_a_pair_of_main_jobs_on_a_real_slurm():
     row = out["exit_ms"]["0"]
     assert out["repeats"] == 1 and set(out["exit_ms"]) == {"0"}
     assert row["free_ms_p50"] > 0 and row["preempted_ms_p50"] > 0
-    assert row["added_ms_p50"] == round(row["preempted_ms_p50"] - row["free_ms_p50"], 1)
+    # Each figure is rounded to 0.1 ms on its own, so the difference may be off by one in the last place.
+    assert abs(row["added_ms_p50"] - (row["preempted_ms_p50"] - row["free_ms_p50"])) <= 0.11

@@ -24,9 +24,9 @@ finds that file adopts the running pilots squeue shows (their nodes count as hel
 a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
 A clean stop cancels every pilot and removes the file.
 
-Joins wait while more of our pilots are starting or about to be sent (JoinHold, at most 30 s):
-a cold start then reaches the controller as one decision instead of a grow per pilot, each a
-regroup that the last nodes no longer repay. Leaves never wait.
+Joins wait while more of our pilots are starting or about to be sent and joins keep coming
+(JoinHold): a cold start then reaches the controller as one decision instead of a grow per
+pilot, each a regroup that the last nodes no longer repay. Leaves never wait.
 
 GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
 them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
@@ -59,13 +59,9 @@ from .watch import resolve_watch
 
 __all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
 log = logging.getLogger(__name__)
-#: a pilot sent this recently that has not said hello yet is still starting: joins wait for it.
-#: 128 pilots starting on one 2-core host took over 10 s (the last 16 then came as a grow that
-#: no longer paid); a pilot that cannot start is cancelled at the next squeue, read at every
-#: poll while one waits, so a long value costs a join little
-STARTING_S = 30.0
-#: ... but no join waits longer than this for the pilots starting after it
-JOIN_HOLD_CAP_S = 30.0
+#: a join waits for the pilots still starting only while joins keep coming: this long after the
+#: last one it goes (a node that frees up alone waits no longer than this) ...
+JOIN_QUIET_S = 10.0
 #: squeue is the backstop for pilots that ended without a word (a pilot's own end closes its
 #: connection at once): read at every poll while a pilot of ours is pending or starting, else
 #: this often. sinfo is read at every poll: it finds the nodes to harvest.
@@ -76,33 +72,39 @@ SQUEUE_BACKSTOP_S = 5.0
 class JoinHold:
     """Joins wait while more of our pilots are starting, and reach the controller together.
 
-    A cold start connects pilots one by one, milliseconds to a second apart, in rounds of the
+    A cold start connects pilots one by one, milliseconds to seconds apart, in rounds of the
     submission batch. Handed over as they come, every join is a decision: the first job grows
     once per pilot or round, and once its pause has run out the last few nodes no longer repay a
     regroup of all it holds (on 128 nodes a job stayed on 112 for minutes). Held while more
-    pilots are starting or about to be sent, they are one decision and no regroup. Leaves never
-    wait, and a node that leaves while its join waits never joins."""
+    pilots are starting, they are one decision and no regroup. A fixed cap from the first join
+    split a slow cold start (128 pilots on 2 loaded cores took over 30 s to connect); the hold
+    now lasts while joins keep coming (`quiet_s` apart at most), never past `cap_s`: the time
+    the harvester waits for a pilot to connect before it cancels it. Leaves never wait, and a
+    node that leaves while its join waits never joins."""
 
-    cap_s: float = JOIN_HOLD_CAP_S
+    cap_s: float = 60.0
+    quiet_s: float = JOIN_QUIET_S
     held: list[Event] = field(default_factory=list)
     since: Optional[float] = None     # monotonic: when the oldest held join came
+    last: Optional[float] = None      # monotonic: when the newest held join came
 
     def pass_on(self, events: Sequence[Event], now: float, starting: bool) -> list[Event]:
         """What goes to the controller now of `events` and the joins held before; `starting`:
-        some pilot of ours is starting (sent recently, no hello yet)."""
+        some pilot of ours is starting (sent, not connected, not yet given up on)."""
         out: list[Event] = []
         for ev in events:
             if ev.kind is EventKind.NODE_JOIN:
                 self.held.append(ev)
                 self.since = now if self.since is None else self.since
+                self.last = now
                 continue
             if ev.kind is EventKind.NODE_LEAVE:
                 self.held = [j for j in self.held if j.node != ev.node]
             out.append(ev)
-        if self.held and (not starting or now - self.since >= self.cap_s):
-            out, self.held, self.since = self.held + out, [], None
-        elif not self.held:
-            self.since = None
+        if self.held and (not starting or now - self.last >= self.quiet_s or now - self.since >= self.cap_s):
+            out, self.held = self.held + out, []
+        if not self.held:
+            self.since = self.last = None
         return out
 
 
@@ -125,7 +127,7 @@ class SlurmSource(LiveNodeSource):
         self._thread: Optional[threading.Thread] = None
         self._wake: Optional[Callable[[], None]] = None
         self.hub: Optional[PilotHub] = None
-        self.joins = JoinHold()
+        self.joins = JoinHold(cap_s=s.pending_timeout_s)
         self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
@@ -173,7 +175,8 @@ class SlurmSource(LiveNodeSource):
             self.start(self._wake)
         mono = time.monotonic()
         with self.book.lock:
-            starting = self._more or any(not p.running and not p.adopted and mono - p.submitted < STARTING_S
+            starting = self._more or any(not p.running and not p.adopted
+                                         and mono - p.submitted < self.settings.pending_timeout_s
                                          for p in self.book.pilots.values())
         return self.joins.pass_on(self.book.take_events(), mono, starting)
 
