@@ -1,9 +1,15 @@
 """Fixtures shared by every test module: small trace and job-set files written into the test's
 own folder, and (imported here so every module sees them) the session's loopback sshd and the
 module's cluster of test hosts in network namespaces. Helpers that are not fixtures live in
-tests/support/."""
+tests/support/.
+
+`make test` runs the suite in parallel (pytest-xdist, `--dist loadgroup`): each module goes to one
+worker whole, so its module-scoped servers start once; the modules that use this host's shared
+resources (Slurm daemons, network namespaces and their subnets, Unix accounts) form one group,
+`host`, run one test at a time and first, since it is the longest."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -33,3 +39,25 @@ def small_jobs(tmp_path: Path) -> Path:
         "B,vgg,2021-02-10T00:02:00Z,2,8,3000000,18,12,2;4;8,200;380;700",
         "C,res,2021-02-10T00:03:00Z,1,2,100000,18,12,1;2,50;90",
     ])
+
+
+#: modules that start Slurm daemons, make network namespaces or Unix accounts: one at a time
+HOST_GROUP = "host"
+_USES_HOST = re.compile(r"tests\.support\.(slurm|netns|accounts|slurm_accounting|slurm_chroot|slurm_init)\b"
+                        r"|netns_cluster|unix_account|bench\.(facility|preemption|slurm)\b")
+_host_modules: dict[Path, bool] = {}
+
+
+def _uses_host(path: Path) -> bool:
+    if path not in _host_modules:
+        _host_modules[path] = bool(_USES_HOST.search(path.read_text()))
+    return _host_modules[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its xdist group (its module, or `host`) and put the host group first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = Path(str(item.fspath))
+            item.add_marker(pytest.mark.xdist_group(HOST_GROUP if _uses_host(path) else path.stem))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != HOST_GROUP)
