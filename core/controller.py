@@ -152,7 +152,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
             running = [self.jobs[j] for j in self.running if self.quota.may_run(self.jobs[j].owner)]
             waiting = [j for j in (*queued, *self.submitted.values()) if self.quota.may_run(j.owner)]
             slots = self.queue.free_slots(any(self.queue.in_lane(j) for j in waiting), self._running_jobs())
-            return node_demand(running, waiting, slots), list(self.owner)
+            caps = self.quota.caps([(j.id, j.owner) for j in (*running, *waiting)])
+            return node_demand(running, waiting, slots, caps), list(self.owner)
 
     def active_jobs_of(self, owner: str) -> int:
         """Queued (or just registered) and running jobs of one owner."""
