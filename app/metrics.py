@@ -56,6 +56,7 @@ class HarvesterCollector:
         c.add_metric([], skipped_ticks.count)
         yield c
         yield from usage_counters()
+        yield from quota_gauges(snap.quotas)
         yield from pilot_counters()
         st = snap.solve_times
         buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, st.le)] + [("+Inf", st.count)]
@@ -79,6 +80,32 @@ def usage_counters():
         for family, value in zip(families, (t.node_seconds, t.gpu_seconds, t.samples)):
             family.add_metric([row.key], value)
     yield from families
+
+
+def quota_gauges(rows):
+    """Each owner with a limit in the users file: what they hold and used against it (core.quotas);
+    nothing without quotas."""
+    if not rows:
+        return
+    held = GaugeMetricFamily("harvest_owner_nodes", "Nodes each owner's jobs hold now", labels=["owner"])
+    cap = GaugeMetricFamily("harvest_owner_quota_max_nodes", "Each owner's node cap (owners with one)",
+                            labels=["owner"])
+    used = GaugeMetricFamily("harvest_owner_quota_used_node_hours", "Node-hours each owner used this UTC day "
+                             "or week (from Monday)", labels=["owner", "period"])
+    limit = GaugeMetricFamily("harvest_owner_quota_node_hours", "Each owner's node-hours per day or week "
+                              "(owners with one)", labels=["owner", "period"])
+    blocked = GaugeMetricFamily("harvest_owner_quota_blocked", "1 while a period quota keeps the owner's jobs "
+                                "waiting", labels=["owner"])
+    for r in rows:
+        held.add_metric([r["owner"]], r["held"])
+        blocked.add_metric([r["owner"]], 1 if r["blocked"] else 0)
+        if r["max_nodes"] is not None:
+            cap.add_metric([r["owner"]], r["max_nodes"])
+        for period in ("day", "week"):
+            used.add_metric([r["owner"], period], r[period]["used_h"])
+            if r[period]["limit_h"] is not None:
+                limit.add_metric([r["owner"], period], r[period]["limit_h"])
+    yield from (held, cap, used, limit, blocked)
 
 
 def pilot_counters():

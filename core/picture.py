@@ -74,4 +74,5 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
     info = tuple(node_info.get(n, "") for n in names) if node_info else ()
     return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
                     config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
-                    slots.row(names))
+                    slots.row(names), tuple(quota.standing(
+                        (j.owner for j in (*ctl.jobs.values(), *ctl.submitted.values())), held_by, now)))

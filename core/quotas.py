@@ -342,6 +342,24 @@ class Quotas:
         b = self.blocked.get(owner)
         return b.line() if b is not None else None
 
+    def standing(self, owners: Iterable[str], held: Mapping[str, int], now: float) -> list[dict]:
+        """Where each owner with a limit stands (for /metrics): nodes held against the node cap,
+        node-hours used this day and week against the period quotas, and whether a period quota
+        blocks them now. Owners: those named and every one the users file gives limits."""
+        if not self.on:
+            return []
+        out = []
+        for owner in sorted({o for o in owners if o} | set(self.book.users)):
+            limits = self.book.owner(owner)
+            if not limits.any:
+                continue
+            row = {"owner": owner, "held": held.get(owner, 0), "max_nodes": limits.max_nodes,
+                   "blocked": owner in self.blocked}
+            for period in PERIODS:
+                row[period] = {"used_h": self.tally.used(owner, period, now) / 3600.0, "limit_h": limits.hours(period)}
+            out.append(row)
+        return out
+
     def lines(self, owner: str, finished: bool, held: Mapping[str, int]) -> dict:
         """A job's quota lines for its why-line (core.explain): `quota`, its owner is over a
         period quota; `node_cap`, its owner's (or account's) jobs hold all their node cap allows;

@@ -30,6 +30,7 @@ class Snapshot:
     probing: frozenset = frozenset()             # jobs at a size they have no sample at yet (JPA)
     solve_times: SolveHistogram = SolveHistogram()  # every solve so far, bucketed (for /metrics)
     slots: tuple[int, ...] = ()                  # ranks (GPUs) per node; a job runs the sum over its nodes
+    quotas: tuple[dict, ...] = ()                # owners with limits: held / cap, node-hours used / quota (core.quotas)
 
     def job(self, job_id: str) -> Optional[dict]:
         for j in self.jobs:

@@ -345,11 +345,20 @@ def test_the_server_takes_the_quotas_from_the_users_file_and_rereads_them(tmp_pa
         assert got["why"] == "holds 2 nodes: alice's jobs may hold at most 2 nodes at once (the node cap)", got["why"]
         got = app.get(f"/api/jobs/{b['id']}")[1]
         assert got["state"] == "queued" and got["why"].startswith("queued: bob has used 0 of 0 node-hours today"), got
+        text = app.get("/metrics")[1]
+        for line in ('harvest_owner_nodes{owner="alice"} 2.0', 'harvest_owner_quota_max_nodes{owner="alice"} 2.0',
+                     'harvest_owner_quota_blocked{owner="alice"} 0.0', 'harvest_owner_quota_blocked{owner="bob"} 1.0',
+                     'harvest_owner_quota_node_hours{owner="bob",period="day"} 0.0',
+                     'harvest_owner_quota_node_hours{owner="alice",period="day"} 1000.0',
+                     'harvest_owner_quota_used_node_hours{owner="bob",period="week"} 0.0'):
+            assert line in text.splitlines(), (line, [t for t in text.splitlines() if "quota" in t])
+        assert 'harvest_owner_quota_max_nodes{owner="bob"}' not in text
         for row in doc["users"]:
             if row["name"] == "bob":
                 row["quota"] = {"node_hours_per_day": 100}
         users.write_text(json.dumps(doc))
         wait(lambda: (app.get(f"/api/jobs/{b['id']}")[1]["nodes"] or 0) > 0, 30, "bob's job runs once allowed")
+        assert 'harvest_owner_quota_blocked{owner="bob"} 0.0' in app.get("/metrics")[1].splitlines()
         assert app.get(f"/api/jobs/{a['id']}")[1]["nodes"] == 2
     finally:
         app.stop()
