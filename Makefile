@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO_ARGS ?=
 # pytest-xdist workers for `make test` (tests/conftest.py: modules whole, the host-resource group first)
-TEST_JOBS ?= 3
+TEST_JOBS ?= 2
 
 .PHONY: demo test bench clean
 
@@ -37,7 +37,7 @@ test: $(VENV)/.dev
 	@test -x /usr/sbin/debootstrap || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 	@test -x /usr/sbin/slurmdbd -a -x /usr/sbin/mariadbd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server slurmdbd >/dev/null; }
 	$(VENV)/bin/lint-imports --no-logo --no-cache
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadscope
 
 bench: $(VENV)/.dev
 	$(PY) -m bench.allocator
