@@ -372,11 +372,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise_descriptor_limit()
         try:
             users = Users.load(args.users)
+            stored_key(settings.db)          # refuse an empty or short key before anything starts
+            built = build(settings)          # every setting checked before a file is written
             password = None
             if users is None:
-                users, password = Users.demo(args.db, fresh=args.fresh)
-            stored_key(settings.db)          # refuse an empty or short key before anything starts
-            built = build(settings)
+                users, password = Users.demo(settings.db, fresh=args.fresh)
             built.open()
             harvester = built
         except SettingsError as e:

@@ -773,6 +773,7 @@ def test_app_refuses_bad_input_clearly(tmp_path, case):
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"python -m app {' '.join(extra)} did not refuse: it was still running after 8 s\n{out[-2000:]}")
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert not list(db.parent.iterdir()), "a refused start leaves nothing beside the store"
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, r.stderr[-2000:]
     assert "Traceback" not in r.stderr

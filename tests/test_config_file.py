@@ -131,11 +131,12 @@ def test_a_bad_key_or_value_is_one_line_naming_the_file_and_key(tmp_path, conten
     conf = tmp_path / "bad.toml"
     conf.write_text(content)
     for extra in ((), ("--print-config",)):
-        r = app("--config", str(conf), *extra)
+        r = app("--config", str(conf), *extra, env=clean_env(PYTHONPATH=str(ROOT)), cwd=tmp_path)
         assert r.returncode == 2, (r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, r.stderr
         assert lines[0].startswith("error: " + words.format(f=conf)), lines[0]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml"], "a refused start leaves no file behind"
 
 
 def test_environment_and_flag_errors_name_the_variable_and_the_flag(tmp_path):
