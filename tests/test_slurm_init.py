@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.files import ROOT
-from tests.support.slurm import ensure_slurm, processes_with_env, start_cluster, versions_under_test
+from tests.support.slurm import ensure_slurm, processes_with_env, remove_spool, start_cluster, versions_under_test
 from tests.support.waiting import wait
 
 SCRIPT = textwrap.dedent("""
@@ -79,9 +79,12 @@ def run_in_pid_namespace(tmp_path, source: str) -> subprocess.CompletedProcess:
     work = tmp_path / "cluster"
     work.mkdir()
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
-                        str(script), str(work)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=180)
+    try:
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
+                            str(script), str(work)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=180)
+    finally:
+        remove_spool(work)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

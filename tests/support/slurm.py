@@ -33,8 +33,10 @@ import os
 import select
 import shlex
 import stat
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +90,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d}/munge/munge.socket.2
 StateSaveLocation={d}/state/ctld
-SlurmdSpoolDir={d}/state/d/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={d}/run/slurmctld.pid
 SlurmdPidFile={d}/run/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
@@ -119,13 +121,35 @@ def ensure_slurm() -> None:
     apt.ensure(DAEMONS, PACKAGES, "Slurm")
 
 
+def spool_dir(d: Path) -> Path:
+    """slurmd's spool, where each job step gets a Unix socket (`node2_1.4294967291`): a path is at
+    most 108 bytes, and a test's folder under xdist's `popen-gwN` left too few. So it is a short
+    folder of its own under the temporary folder (bound into a chroot as the rest), linked from
+    `d/state/d` and removed with the cluster (`SlurmCluster.stop`)."""
+    link = d / "state" / "d"
+    if link.is_symlink():
+        return link.resolve()
+    spool = Path(tempfile.mkdtemp(prefix="slurmd-"))
+    link.symlink_to(spool)
+    return spool
+
+
+def remove_spool(d: Path) -> None:
+    """The spool `spool_dir(d)` made, once the daemons are gone."""
+    link = d / "state" / "d"
+    if link.is_symlink():
+        shutil.rmtree(link.resolve(), ignore_errors=True)
+        link.unlink()
+
+
 def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "partition",
                database: Optional[Database] = None) -> Path:
     """The folder layout, munge key, slurm.conf and gres.conf of a cluster in `d` whose nodes
     have `gpus` GPUs each (`Gres=gpu:N`; 0: none). preempt="qos": QOS preemption with accounting
     in `database` and one partition, `batch` (tests/support/slurm_accounting.py)."""
-    for sub in ("munge", "state/ctld", "state/d", "run", "log"):
+    for sub in ("munge", "state/ctld", "run", "log"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    spool = spool_dir(d)
     (d / "munge").chmod(0o755)
     key = d / "munge.key"
     key.write_bytes(os.urandom(1024))
@@ -136,7 +160,7 @@ def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "part
                       for n, p in zip(nodes, ports[1:]))
     write_gres(d, nodes, gpus)
     conf = d / "slurm.conf"
-    text = CONF.format(d=d, ctld_port=ports[0], node_lines=lines)
+    text = CONF.format(d=d, spool=spool, ctld_port=ports[0], node_lines=lines)
     if preempt == "qos":
         if database is None:
             raise ValueError("preempt='qos' needs the accounting database")
@@ -275,6 +299,7 @@ class SlurmCluster:
                 self.proc.wait(15)
             if self.database is not None and self.database.stop():
                 left.append(f"{self.database.proc.pid} mariadbd (killed: SIGTERM did not end it)")
+            remove_spool(self.dir)
         return left
 
     def check_version(self) -> None:
