@@ -21,7 +21,7 @@ second, so an end later than 170 ms costs about half a second more (measured her
 their jobs and slurmctld on 2 cores (bench.facility), a burst of preemptions makes every end
 slow: the log of that bench shows the bursts.
 
-`--quick` (one round, exit 0 ms) checks that every step works (tests/test_bench_quick.py).
+`--quick` (one round, exit 0 ms) checks that every step works (tests/test_bench_slurm_quick.py).
 A table goes to stdout, progress to stderr; with --json the last stdout line has, per exit time,
 the free and preempted medians and the added delay (per pair: preempted minus free).
 """

@@ -26,7 +26,7 @@ split into Slurm's part (submission -> the pilot's SIGTERM, as the pilot reports
 harvester's (SIGTERM -> leave handled, -> vacated). Between rounds the job grows back to every
 node (with real workers, a cold start each). `--keep DIR` keeps Slurm's logs and the pilots'.
 `--quick` (2 main jobs of 1 node on 2 nodes, ~30 s) checks that every step still works
-(tests/test_bench_quick.py), not how fast.
+(tests/test_bench_slurm_quick.py), not how fast.
 A table goes to stdout, progress to stderr; with --json the last stdout line has vacate_ms_p50,
 vacate_ms_p95, main_start_ms_p50 and the other figures.
 """

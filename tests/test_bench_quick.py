@@ -1,7 +1,7 @@
 """Every benchmark of `make bench` in its quick mode (issue 50): each runs end to end and reports
 what its table is about, so a change elsewhere cannot break `make bench` without a test failing.
 These check that the benches work, not how fast anything is (bench.dashboard has its own file,
-tests/test_bench_dashboard.py)."""
+tests/test_bench_dashboard.py; those that start a test Slurm are in tests/test_bench_slurm_quick.py)."""
 from __future__ import annotations
 
 
@@ -45,24 +45,9 @@ def test_vacate_local_and_ssh():
         assert out[kind]["vacate_n"] == 2 and out[kind]["vacate_ms_p50"] > 0, out
 
 
-def test_slurm_gives_nodes_back_to_a_real_slurm():
-    out = last_json(run_module("bench.slurm", "--quick", "--json", timeout=300))
-    assert out["rounds"] == 2 and out["nodes"] == 2 and out["main_nodes"] == 1 and out["dispatch"] == "pilot"
-    assert 0 < out["leave_ms_p50"] <= out["vacate_ms_p50"] and out["main_start_ms_p50"] > 0
-
-
 def test_jpa_every_policy_on_both_workloads():
     out = last_json(run_module("bench.jpa", "--quick", "--json", timeout=300))
     for workload in ("imagenet", "mixed"):
         assert set(out[workload]) == {"oracle", "noinfo", "even", "jpa"}
         assert all(v > 0 for v in out[workload].values())
         assert out["ratios"][workload]["jpa_vs_oracle"] > 0
-
-
-def test_preemption_times_a_pair_of_main_jobs_on_a_real_slurm():
-    out = last_json(run_module("bench.preemption", "--quick", "--json", timeout=300))
-    row = out["exit_ms"]["0"]
-    assert out["repeats"] == 1 and set(out["exit_ms"]) == {"0"}
-    assert row["free_ms_p50"] > 0 and row["preempted_ms_p50"] > 0
-    # Each figure is rounded to 0.1 ms on its own, so the difference may be off by one in the last place.
-    assert abs(row["added_ms_p50"] - (row["preempted_ms_p50"] - row["free_ms_p50"])) <= 0.11
