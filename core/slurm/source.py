@@ -82,7 +82,7 @@ class JoinHold:
     the harvester waits for a pilot to connect before it cancels it. Leaves never wait, and a
     node that leaves while its join waits never joins."""
 
-    cap_s: float = 60.0
+    cap_s: float = SlurmSettings.pending_timeout_s
     quiet_s: float = JOIN_QUIET_S
     held: list[Event] = field(default_factory=list)
     since: Optional[float] = None     # monotonic: when the oldest held join came
