@@ -5,7 +5,20 @@ tests/test_bench_dashboard.py; those that start a test Slurm are in tests/test_b
 from __future__ import annotations
 
 
-from tests.support.procs import last_json, run_module
+import re
+
+from tests.support.procs import ROOT, last_json, run_module
+
+
+def test_every_benchmark_of_make_bench_has_a_quick_test():
+    """A bench added to `make bench` without a test of its quick mode fails here."""
+    make = (ROOT / "Makefile").read_text()
+    recipe = make.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    benches = re.findall(r"-m (bench\.\w+)", recipe)
+    assert len(benches) >= 10 and "bench.startup" in benches
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    for bench in benches:
+        assert re.search(rf'"{re.escape(bench)}",[^)]*"--quick"', tests), f"no test runs {bench} --quick"
 
 
 def test_allocator_every_size_solved_and_highs_agrees():
