@@ -56,16 +56,20 @@ class Watched:
     def __init__(self, page):
         self.page = page
         self.failures: list[str] = []
+        self.network: list[str] = []          # failed or refused requests: shown only beside a failure
         page.on("pageerror", lambda e: self.failures.append(f"page error: {e}"))
         page.on("response", self._response)
+        page.on("requestfailed", lambda r: self.network.append(f"request failed: {r.url} ({r.failure})"))
 
     def _response(self, r) -> None:
+        if r.status >= 400:
+            self.network.append(f"{r.status} for {r.request.method} {r.url}")
         if "/_dash-update-component" in r.url and r.status >= 400:
             sent = (r.request.post_data or "")[:300]
             self.failures.append(f"callback answered {r.status} (see the server log) to: {sent}")
 
     def check(self) -> None:
-        assert not self.failures, "\n".join(self.failures)
+        assert not self.failures, "\n".join(self.failures + self.network)
 
 
 @pytest.fixture
