@@ -49,6 +49,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.facility
 	$(PY) -m bench.preemption
 	$(PY) -m bench.jpa
+	$(PY) -m bench.fairshare
 	$(PY) -m bench.startup
 
 clean:

@@ -28,16 +28,17 @@ from typing import Optional
 from core.admission import DEFAULT_USER_MAX_JOBS
 from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
-from core.settings import (CURVES, DEFAULT_JOBS, DEFAULT_TRACE, LOG_LEVELS, POLICIES, QUEUE_ORDERS, HarvesterSettings,
+from core.settings import (CURVES, DEFAULT_JOBS, DEFAULT_TRACE, LOG_LEVELS, OBJECTIVES, POLICIES, QUEUE_ORDERS, HarvesterSettings,
                            OptionError, Options, WebSettings, parse_tfwd)
 
 from . import slurm_options
 from .webconfig import WebConfig
 
 DEFAULT_START = "2021-02-10T20:00:00Z"   # the ImageNet job set starts arriving at 20:21
-SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "tfwd",
+SCENARIO_KEYS = ("trace", "jobs", "node_list", "nodes", "racks", "start", "hours", "policy", "objective",
+                 "fair_half_life", "tfwd",
                  "max_jobs", "queue", "visitor_slots", "speed", "curves", "seed", "gpus_per_node")
-CONFIG_KEYS = ("policy", "tfwd", "max_jobs", "queue", "visitor_slots")
+CONFIG_KEYS = ("policy", "objective", "fair_half_life", "tfwd", "max_jobs", "queue", "visitor_slots")
 #: the demo lane in a replay: running slots only registered jobs take, so that a visitor's job runs
 DEMO_VISITOR_SLOTS = 2
 #: settings whose option is not --NAME
@@ -86,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the beginning of any other)")
     g.add_argument("--hours", type=float, help="window length (default: to the end of the trace)")
     g.add_argument("--policy", choices=POLICIES)
+    g.add_argument("--objective", choices=OBJECTIVES,
+                   help="what the allocator maximises: throughput (default; samples/s), priority (weighted by "
+                        "each job's priority), efficiency (per 1-node rate), fairshare (weighted by each owner's "
+                        "fair-share factor: use against share, see --fair-half-life)")
+    g.add_argument("--fair-half-life", type=float, metavar="S",
+                   help="--objective fairshare: seconds after which an owner's use counts half (default 604800, "
+                        "a week)")
     g.add_argument("--tfwd", type=tfwd_arg, help="seconds the allocator looks ahead, or auto: learned from the "
                                                   "idle fragments")
     g.add_argument("--max-jobs", type=int)
@@ -374,11 +382,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             users = Users.load(args.users)
             stored_key(settings.db)          # refuse an empty or short key before anything starts
             built = build(settings)          # every setting checked before a file is written
+            built.open()                     # the inputs read and checked (a bad job set writes nothing)
+            harvester = built
             password = None
             if users is None:
                 users, password = Users.demo(settings.db, fresh=args.fresh)
-            built.open()
-            harvester = built
         except SettingsError as e:
             print(f"error: {render(e, args)}", file=sys.stderr)
             return 2

@@ -57,6 +57,7 @@ class HarvesterCollector:
         yield c
         yield from usage_counters()
         yield from quota_gauges(snap.quotas)
+        yield from fair_share_gauges(snap.fair_shares)
         yield from pilot_counters()
         st = snap.solve_times
         buckets = [(repr(b), n) for b, n in zip(SOLVE_BUCKETS_S, st.le)] + [("+Inf", st.count)]
@@ -106,6 +107,18 @@ def quota_gauges(rows):
             if r[period]["limit_h"] is not None:
                 limit.add_metric([r["owner"], period], r[period]["limit_h"])
     yield from (held, cap, used, limit, blocked)
+
+
+def fair_share_gauges(factors):
+    """With a fair-share objective: each running owner's factor (core.fairshare), the weight of
+    their jobs in the solve. Jobs without an owner show as owner=""."""
+    if not factors:
+        return
+    g = GaugeMetricFamily("harvest_owner_fair_share_factor", "Each running owner's fair-share factor, "
+                          "2^(-use/share): 1 used nothing, 0.5 at their share", labels=["owner"])
+    for owner, f in sorted(factors.items()):
+        g.add_metric([owner], f)
+    yield g
 
 
 def pilot_counters():

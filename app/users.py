@@ -1,8 +1,9 @@
 """Manage the users file: `python -m app.users add|passwd|remove NAME [--file users.json]`
 (`add ... --unix ACCOUNT`: the Unix account the user's jobs run as, see `python -m app --run-as`;
 `--account NAME`: the account or project their usage is reported under, `GET /api/usage?by=account`;
-`--max-nodes N`, `--node-hours-per-day H`, `--node-hours-per-week H`: the user's quota, see
-docs/operators/quotas.md; the file's `quota_defaults` and `accounts` are kept as they are).
+`--max-nodes N`, `--node-hours-per-day H`, `--node-hours-per-week H`: the user's quota, and
+`--share S`: their fair share, see docs/operators/quotas.md; the file's `quota_defaults` and
+`accounts` are kept as they are).
 
 The password is read from the terminal (or one line of stdin with --password-stdin) and only
 its hash is written. A running server re-reads the file within a second: `passwd` revokes the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -80,6 +82,10 @@ def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
         raise Refusal("--max-nodes, --node-hours-per-day and --node-hours-per-week take numbers of at least 0")
     if quota:
         row["quota"] = quota
+    if args.share is not None:
+        if not (math.isfinite(args.share) and args.share > 0):
+            raise Refusal("--share takes a positive number")
+        row["share"] = args.share
     return others + [row]
 
 
@@ -99,6 +105,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      help="node-hours this user's jobs may use per UTC day (else the file's quota_defaults)")
     add.add_argument("--node-hours-per-week", type=float, metavar="H",
                      help="node-hours per week, from Monday 00:00 UTC (else the file's quota_defaults)")
+    add.add_argument("--share", type=float, metavar="S",
+                     help="this user's fair share when the allocator runs with --objective fairshare (default 1)")
     pw = sub.add_parser("passwd", help="change a user's password (their tokens and logins stop working)")
     rm = sub.add_parser("remove", help="remove a user")
     for p in (add, pw, rm):

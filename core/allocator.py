@@ -81,7 +81,7 @@ def group_caps(problem: Problem, tables: list) -> list[GroupCap]:
 
 def problem_from_instance(inst: Instance) -> Problem:
     jobs = [JobRequest(j.id, j.min_nodes, j.max_nodes, j.curve.to_curve(), j.scale_up_seconds,
-                       j.scale_down_seconds, tuple(j.current_nodes), j.priority) for j in inst.jobs]
+                       j.scale_down_seconds, tuple(j.current_nodes), j.priority, fair=j.fair) for j in inst.jobs]
     return Problem(list(inst.nodes), jobs, inst.tfwd, inst.objective)
 
 

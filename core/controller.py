@@ -21,6 +21,7 @@ from .advice import PROBE_BONUS, Advice
 from .clock import Clock
 from .counters import Counters, SolveTimes, StepResult
 from .demand import node_demand
+from .fairshare import FairShare
 from .dispatchers.base import Dispatcher
 from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner, learn_step
 from .job_queue import JobQueue
@@ -49,6 +50,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.slots = slots or Slots()             # ranks (GPUs) per node: counted, never allocated
         self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
         self.advice = Advice(advisor)
+        self.fair = (FairShare(self.config.fair_half_life) if "fairshare" in (self.config.objective, self.config.queue)
+                     else None)
         self.policy = make_policy(self.config.policy, self.config.solver)
         self.dispatcher = dispatcher
         self.clock = clock
@@ -60,6 +63,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, None] = {}        # admission order = allocator order
         self.queue = JobQueue(self.config)
+        if self.fair is not None:
+            self.queue.rank = lambda j: self.fair.use_per_share(j.owner, self.quota.book.shares, self.clock.now())
         self.counters = Counters()
         self.solve_times = SolveTimes()
         self.last_plan: Optional[Plan] = None
@@ -275,8 +280,14 @@ class Controller:  # one step reads and writes the same node and job state; the 
             dt = now - self.accounted_until
             self.counters.offered_node_s += len(self.idle) * dt
             self.counters.used_node_s += len(self.owner) * dt
+            by_owner = self._held_by_owner()
+            for owner, n in by_owner.items():
+                self.counters.owner_node_s[owner] = self.counters.owner_node_s.get(owner, 0.0) + n * dt
             if self.quota.source is not None:    # quotas may be set (a users file): count every owner's use
-                self.quota.count(self._held_by_owner(), self.accounted_until, now)
+                self.quota.count(by_owner, self.accounted_until, now)
+            if self.fair is not None:
+                self.fair.count(((self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running),
+                                self.accounted_until, now)
         self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
 
     def _held_by_owner(self) -> dict[str, int]:
@@ -429,6 +440,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
             reqs = [replace(r, horizon=self.horizon.jobs.get(r.id, self.horizon.tfwd)) for r in reqs]
         reqs = [replace(r, paused_s=self.rescaling_until[r.id] - now) if self.rescaling_until.get(r.id, now) > now
                 else r for r in reqs]
+        if self.config.objective == "fairshare":
+            reqs = self.fair.weigh(reqs, [j.owner for j in jobs], self.quota.book.shares, now)
         forced = Advice.force(reqs, probes or {}, len(self.idle) - len(self.owner))
         lane = [i for i, (j, r) in enumerate(zip(jobs, reqs)) if not r.bonus and self.queue.in_lane(j)]
         for i in lane:      # the demo lane: a visitor's job holds at least its minimum wherever it can

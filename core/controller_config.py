@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from .errors import SettingsError
+from .fairshare import DEFAULT_HALF_LIFE_S
 from .objective import OBJECTIVES
 from .policies import POLICIES, SOLVERS
 
-QUEUE_ORDERS = ("fcfs", "priority")
+QUEUE_ORDERS = ("fcfs", "priority", "fairshare")
 #: `tfwd` may be this instead of seconds: learn the horizon from the idle fragments (core.horizon)
 AUTO = "auto"
 
@@ -36,6 +37,8 @@ class ControllerConfig:
     #: the demo lane: running slots beyond max_jobs that only registered jobs (not the job set's)
     #: may take; such jobs also go first in the queue and are given nodes first (0: no lane)
     visitor_slots: int = 0
+    #: objective fairshare: seconds after which an owner's use counts half (core.fairshare)
+    fair_half_life: float = DEFAULT_HALF_LIFE_S
 
     def __post_init__(self) -> None:
         for name, allowed in (("policy", POLICIES), ("solver", SOLVERS), ("objective", OBJECTIVES),
@@ -45,7 +48,7 @@ class ControllerConfig:
                                           f"{', '.join(allowed)}")
         if isinstance(self.tfwd, str) and self.tfwd.strip().lower() == AUTO:
             self.tfwd = AUTO
-        for name in ("tfwd", "time_limit") if self.tfwd != AUTO else ("time_limit",):
+        for name in ("tfwd", "time_limit", "fair_half_life") if self.tfwd != AUTO else ("time_limit", "fair_half_life"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise SettingsError(name, f"must be a positive number of seconds{' or auto' if name == 'tfwd' else ''}, "

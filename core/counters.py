@@ -27,6 +27,7 @@ class Counters:
     offered_node_s: float = 0.0
     used_node_s: float = 0.0
     by_kind: dict[str, int] = field(default_factory=dict)
+    owner_node_s: dict[str, float] = field(default_factory=dict)   # node-seconds of the jobs that have an owner
 
 
 @dataclass

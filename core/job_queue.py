@@ -1,11 +1,12 @@
-"""Jobs waiting for a running slot, in admission order: first come first served or by priority,
-with the demo lane's registered jobs first. It decides who takes a free slot; the controller
+"""Jobs waiting for a running slot, in admission order: first come first served, by priority, or
+by fair share (the owner who used least for their share first, then first come), with the demo
+lane's registered jobs first. It decides who takes a free slot; the controller
 applies that to its job and node state."""
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Optional
 
 from .admission import free_slots
 from .controller_config import ControllerConfig
@@ -18,6 +19,8 @@ class JobQueue:
         self._heap: list[tuple] = []     # (lane first, order key..., seq, job id); may hold ended jobs
         self._seq = itertools.count()
         self.count = 0                   # jobs queued now
+        #: queue fairshare: a job's owner's use per share now (lower goes first; set by the controller)
+        self.rank: Optional[Callable[[Job], float]] = None
 
     def in_lane(self, job: Job) -> bool:
         """A registered job (not the job set's) while the demo lane is on."""
@@ -25,7 +28,7 @@ class JobQueue:
 
     def push(self, job: Job) -> None:
         """Queue a job (new, restored, or back from running): it keeps its place by submit time."""
-        key = (job.submit_time,) if self.config.queue == "fcfs" else (-job.priority, job.submit_time)
+        key = (-job.priority, job.submit_time) if self.config.queue == "priority" else (job.submit_time,)
         heapq.heappush(self._heap, (0 if self.in_lane(job) else 1, *key, next(self._seq), job.id))
         self.count += 1
 
@@ -35,8 +38,16 @@ class JobQueue:
 
     def queued(self, jobs: dict[str, Job], ordered: bool = True) -> list[Job]:
         """The queued jobs, in admission order (or, cheaper, in no order)."""
-        entries = sorted(self._heap) if ordered else self._heap
+        entries = self._ordered(jobs) if ordered else self._heap
         return [jobs[e[-1]] for e in entries if jobs[e[-1]].state is JobState.QUEUED]
+
+    def _ordered(self, jobs: dict[str, Job]) -> list[tuple]:
+        """The entries in admission order; by fair share the order moves with use, so it is
+        worked out now rather than kept in the heap."""
+        if self.config.queue != "fairshare" or self.rank is None:
+            return sorted(self._heap)
+        rank = self.rank
+        return sorted(self._heap, key=lambda e: (e[0], rank(jobs[e[-1]]), *e[1:]))
 
     def free_slots(self, lane: bool, running: Iterable[Job]) -> int:
         running = list(running)
@@ -50,8 +61,13 @@ class JobQueue:
         nobody after a job without a slot has one."""
         running = list(running)
         admitted, skipped = [], []
-        while self._heap:
-            entry = heapq.heappop(self._heap)
+        fair = self.config.queue == "fairshare" and self.rank is not None
+        if fair:                                  # the order of this moment; the heap is refilled below
+            entries: Iterator[tuple] = iter(self._ordered(jobs))
+            self._heap = []
+        else:
+            entries = self._popped()
+        for entry in entries:
             job = jobs[entry[-1]]
             if job.state is not JobState.QUEUED:
                 continue
@@ -64,6 +80,13 @@ class JobQueue:
             admitted.append(job)
             running.append(job)
             self.count -= 1
+        if fair:
+            skipped.extend(entries)               # those after the first without a slot
         for entry in skipped:
             heapq.heappush(self._heap, entry)
         return admitted
+
+    def _popped(self) -> Iterator[tuple]:
+        """The heap's entries in order, each taken off as it is reached (the rest stay put)."""
+        while self._heap:
+            yield heapq.heappop(self._heap)

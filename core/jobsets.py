@@ -16,7 +16,7 @@ from .schemas import JobSetRow, explain
 from .timeutil import parse_iso
 
 COLUMNS = ("job", "model", "submit_time", "min_nodes", "max_nodes", "total_samples",
-           "scale_up_seconds", "scale_down_seconds", "nodes", "samples_per_second", "priority")
+           "scale_up_seconds", "scale_down_seconds", "nodes", "samples_per_second", "priority", "owner")
 REQUIRED = ("job", "submit_time", "min_nodes", "max_nodes", "total_samples", "nodes",
             "samples_per_second")
 
@@ -63,5 +63,5 @@ def load_jobset(path: str | Path) -> list[Job]:
                 id=row.job, min_nodes=row.min_nodes, max_nodes=row.max_nodes,
                 total_samples=row.total_samples, curve=curve,
                 scale_up_seconds=row.scale_up_seconds, scale_down_seconds=row.scale_down_seconds,
-                priority=row.priority, submit_time=submit, name=row.model, true_curve=curve))
+                priority=row.priority, submit_time=submit, name=row.model, true_curve=curve, owner=row.owner))
     return jobs

@@ -30,7 +30,7 @@ import numpy as np
 
 from .model import Curve
 
-OBJECTIVES = ("throughput", "efficiency", "priority")
+OBJECTIVES = ("throughput", "efficiency", "priority", "fairshare")
 NEG_INF = -math.inf
 
 
@@ -49,6 +49,7 @@ class JobRequest:
     bonus: float = 0.0            # added to every running size: forces a probe (min = max = size)
     horizon: Optional[float] = None   # T_j, seconds a rescale is amortised over (tfwd auto)
     paused_s: float = 0.0         # seconds left of a rescale pause under way (a reclaim's, say)
+    fair: float = 1.0             # the owner's fair-share factor (core.fairshare), objective fairshare
 
     def pause(self, n: int) -> float:
         """Seconds of pause that changing to n nodes adds: a regroup that starts while one is
@@ -100,6 +101,8 @@ def weight(job: JobRequest, objective: str) -> float:
         return 1.0
     if objective == "priority":
         return float(job.priority)
+    if objective == "fairshare":
+        return float(job.fair)
     if objective == "efficiency":
         one = job.curve(1)
         return 1.0 / one if one > 0 else 1.0

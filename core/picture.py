@@ -75,4 +75,6 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
     return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
                     config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
                     slots.row(names), tuple(quota.standing(
-                        (j.owner for j in (*ctl.jobs.values(), *ctl.submitted.values())), held_by, now)))
+                        (j.owner for j in (*ctl.jobs.values(), *ctl.submitted.values())), held_by, now)),
+                    ctl.fair.factors((ctl.jobs[j].owner for j in ctl.running), quota.book.shares, now)
+                    if ctl.fair is not None else {})

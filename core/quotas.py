@@ -95,6 +95,13 @@ def parse_limits(raw: object, where: str) -> dict:
     return out
 
 
+def parse_share(v: object, where: str) -> float:
+    """A user's fair share (the `fairshare` objective weighs owners by it): a positive number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{where}: must be a positive number, not {v!r}")
+    return float(v)
+
+
 @dataclass(frozen=True)
 class QuotaBook:
     """Every limit the users file sets, resolved against the site defaults."""
@@ -103,6 +110,7 @@ class QuotaBook:
     accounts: Mapping[str, Limits] = field(default_factory=dict)
     default_user: Limits = NO_LIMITS
     default_account: Limits = NO_LIMITS
+    shares: Mapping[str, float] = field(default_factory=dict)   # user -> fair share (core.fairshare; 1 unless set)
 
     @property
     def empty(self) -> bool:
@@ -135,13 +143,15 @@ class QuotaBook:
             raise ValueError(f'{source}: accounts: expected {{"NAME": {{"max_nodes": ...}}, ...}}')
         accounts = {str(name): Limits(**{**d_account, **parse_limits(raw, f"{source}: accounts.{name}")})
                     for name, raw in table.items()}
-        users, account_of = {}, {}
+        users, account_of, shares = {}, {}, {}
         for row in rows:
             name = row["name"]
+            if row.get("share") is not None:
+                shares[name] = parse_share(row["share"], f"{source}: user {name}: share")
             users[name] = Limits(**{**d_user, **parse_limits(row.get("quota"), f"{source}: user {name}: quota")})
             if row.get("account"):
                 account_of[name] = str(row["account"]).strip()
-        return cls(users, account_of, accounts, Limits(**d_user), Limits(**d_account))
+        return cls(users, account_of, accounts, Limits(**d_user), Limits(**d_account), shares)
 
 
 def hours(node_s: float) -> str:

@@ -30,6 +30,7 @@ from .restore import restore
 from .counters import StepResult
 from .dispatchers.simulated import Measurement, SimulatedDispatcher
 from .errors import InputError, SettingsError
+from .fairshare import DEFAULT_HALF_LIFE_S
 from .jobsets import load_jobset
 from .jpa import JPA, JPAConfig
 from .model import Curve, Job, JobState
@@ -115,6 +116,7 @@ class ReplaySettings:
                 "racks": self.racks, "start": self.start, "hours": self.hours,
                 "coalesce": self.coalesce, "policy": self.config.policy,
                 "solver": self.config.solver, "objective": self.config.objective,
+                "fair_half_life": self.config.fair_half_life,
                 "tfwd": self.config.tfwd, "max_jobs": self.config.max_jobs,
                 "queue": self.config.queue, "visitor_slots": self.config.visitor_slots, "curves": self.curves, "noise": self.noise,
                 "sample_every": self.sample_every, "seed": self.seed, "groups": self.groups,
@@ -125,7 +127,8 @@ class ReplaySettings:
     def from_key(cls, key: dict) -> "ReplaySettings":
         """The settings a stored run was made with (the inverse of key())."""
         config = ControllerConfig(key["policy"], key["solver"], key["objective"], key["tfwd"],
-                                  key["max_jobs"], key["queue"], visitor_slots=key.get("visitor_slots", 0))
+                                  key["max_jobs"], key["queue"], visitor_slots=key.get("visitor_slots", 0),
+                                  fair_half_life=key.get("fair_half_life", DEFAULT_HALF_LIFE_S))
         return cls(Path(key["trace"]), Path(key["jobs"]),
                    Path(key["node_list"]) if key.get("node_list") else None, key["nodes"],
                    key["racks"], key["start"], key["hours"], key["coalesce"], config,
@@ -186,6 +189,9 @@ class ReplayInputs:
     def check(cls, settings: ReplaySettings) -> "ReplayInputs":
         """Read the job set, the trace and the node list; raises SettingsError or InputError."""
         jobset = load_jobset(settings.jobs)
+        if settings.config.visitor_slots and any(j.owner for j in jobset):
+            raise SettingsError("visitor_slots", "the demo lane takes jobs with an owner for registered ones, and "
+                                                 f"{Path(settings.jobs).name} gives its jobs owners: set {{visitor_slots}} to 0")
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
         node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
         checked = TraceSource(settings.trace, [])
@@ -390,7 +396,31 @@ class Replay:
             "solver_ms_p95": round(percentile(ctl.solve_ms, 0.95) or 0.0, 3),
             "solver_ms_max": round(ctl.solve_times.max_ms, 3),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
+            "objective": self.settings.config.objective,
+            "owners": self.owners(),
         }
+
+    def owners(self) -> Optional[dict]:
+        """Per owner (a job set with an `owner` column): jobs submitted in the window, node-hours
+        held, samples processed, jobs finished and their mean completion time (hours)."""
+        ctl = self.controller
+        if not any(j.owner for j in self.jobset):
+            return None
+        now = self.clock.now()
+        out: dict[str, dict] = {}
+        for j in ctl.jobs.values():
+            row = out.setdefault(j.owner, {"jobs": 0, "node_hours": 0.0, "samples": 0.0, "done": 0, "jct": []})
+            row["jobs"] += 1
+            row["samples"] += ctl.dispatcher.progress(j, now) if j.id in ctl.running else j.samples_done
+            if j.state is JobState.DONE:
+                row["done"] += 1
+                row["jct"].append(j.end_time - j.submit_time)
+        for owner, row in out.items():
+            row["node_hours"] = round(ctl.counters.owner_node_s.get(owner, 0.0) / 3600.0, 3)
+            row["samples"] = round(row["samples"], 1)
+            jct = row.pop("jct")
+            row["mean_jct_hours"] = round(statistics.fmean(jct) / 3600.0, 3) if jct else None
+        return out
 
 
 def format_summary(s: dict) -> str:
@@ -434,7 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--coalesce", type=float, default=0.0, help="merge events this many seconds apart into one step")
     ap.add_argument("--policy", choices=POLICIES, default="milp")
     ap.add_argument("--solver", choices=SOLVERS, default="dp")
-    ap.add_argument("--objective", choices=OBJECTIVES, default="throughput")
+    ap.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                    help="fairshare weighs each job by its owner's fair-share factor (a job set with an owner column)")
+    ap.add_argument("--fair-half-life", type=float, default=DEFAULT_HALF_LIFE_S,
+                    help="--objective fairshare: seconds after which an owner's use counts half (default a week)")
     ap.add_argument("--max-jobs", type=int, default=10)
     ap.add_argument("--queue", choices=QUEUE_ORDERS, default="fcfs")
     ap.add_argument("--tfwd", type=tfwd_arg, default=AUTO,
@@ -488,7 +521,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = ControllerConfig(args.policy, args.solver, args.objective, args.tfwd, args.max_jobs,
-                                  args.queue, args.time_limit)
+                                  args.queue, args.time_limit, fair_half_life=args.fair_half_life)
         settings = ReplaySettings(args.trace, args.jobs, args.node_list, args.nodes, args.racks,
                                   args.start, args.hours, args.coalesce, config, args.curves, args.noise,
                                   args.sample_every, args.seed, not args.jpa_no_groups, args.gpus_per_node,

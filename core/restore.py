@@ -73,6 +73,9 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     ctl.timeline.at = store.last_timeline_time()
     saved_at = store.meta("clock", now)     # what was held when the store was last saved counts until then
     owner_of = {j.id: j.owner for j, _ in rows}
-    ctl.quota.seed((owner_of.get(h.job, ""), h.start, saved_at if h.end is None else h.end)
-                   for h in holds(Change(t, j, tuple(a), tuple(r)) for t, j, a, r in store.owned_changes()))
+    used = [(owner_of.get(h.job, ""), h.start, saved_at if h.end is None else h.end)
+            for h in holds(Change(t, j, tuple(a), tuple(r)) for t, j, a, r in store.owned_changes())]
+    ctl.quota.seed(used)
+    if ctl.fair is not None:
+        ctl.fair.seed(used)
     return ctl

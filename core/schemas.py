@@ -36,6 +36,9 @@ class CurveSpec(BaseModel):
         return Curve(tuple(self.nodes), tuple(self.samples_per_second))
 
 
+NAME_MAX = 100
+
+
 class JobBounds(BaseModel):
     """Rules every job obeys wherever it is registered from."""
 
@@ -60,6 +63,7 @@ class InstanceJob(JobBounds):
     scale_up_seconds: float = Field(default=0.0, ge=0)
     scale_down_seconds: float = Field(default=0.0, ge=0)
     current_nodes: list[str] = Field(default_factory=list)
+    fair: float = Field(default=1.0, gt=0, le=1)      # the owner's fair-share factor (objective fairshare)
 
 
 class Instance(BaseModel):
@@ -111,6 +115,14 @@ class JobSetRow(JobBounds):
     total_samples: float = Field(gt=0)
     nodes: list[int]
     samples_per_second: list[float]
+    owner: str = Field(default="", max_length=NAME_MAX)     # who the job is for (quotas, fair shares)
+
+    @field_validator("owner")
+    @classmethod
+    def _owner(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("must be printable text")
+        return v
 
     @field_validator("nodes", "samples_per_second", mode="before")
     @classmethod
@@ -139,7 +151,6 @@ def explain(err: ValidationError, prefix: Optional[str] = None) -> str:
     return f"{prefix}: {text}" if prefix else text
 
 
-NAME_MAX = 100
 NODES_MAX = 100_000
 
 

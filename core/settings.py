@@ -19,6 +19,7 @@ from .controller_config import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import InputError, SettingsError
 from .inventory import MAX_SLOTS
 from .jpa import JPAConfig
+from .objective import OBJECTIVES
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from .slots import MAX_SLOTS
@@ -27,7 +28,7 @@ from .transports.base import ENV_NAME
 from .transports.runas import UNIX_NAME, RunAs
 
 #: the choices and defaults front ends offer, from where they are defined
-__all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "POLICIES", "QUEUE_ORDERS",
+__all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "OBJECTIVES", "POLICIES", "QUEUE_ORDERS",
            "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
            "SettingsError", "SlurmSettings", "UNIX_NAME", "WorkerSettings", "check_speed", "parse_tfwd", "split_list",
            "Options", "OptionError", "Origin", "WebSettings"]
@@ -482,6 +483,8 @@ class Options(BaseSettings):
     start: Optional[str] = None
     hours: Optional[float] = None
     policy: Optional[str] = None
+    objective: Optional[str] = None
+    fair_half_life: Optional[float] = None
     tfwd: Optional[Union[float, str]] = None
     max_jobs: Optional[int] = None
     queue: Optional[str] = None

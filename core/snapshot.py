@@ -31,6 +31,7 @@ class Snapshot:
     solve_times: SolveHistogram = SolveHistogram()  # every solve so far, bucketed (for /metrics)
     slots: tuple[int, ...] = ()                  # ranks (GPUs) per node; a job runs the sum over its nodes
     quotas: tuple[dict, ...] = ()                # owners with limits: held / cap, node-hours used / quota (core.quotas)
+    fair_shares: dict = field(default_factory=dict)   # owner -> fair-share factor now (core.fairshare; {} when off)
 
     def job(self, job_id: str) -> Optional[dict]:
         for j in self.jobs:

@@ -8,7 +8,9 @@ sigma in [0.05, 0.15] and kappa in [0.005, 0.02] (a peak around 6-12 nodes). The
 synthetic, and everything that reports on them says so.
 
 `python -m core.workloads --fraction 0.3 --seed 0 > jobs-mixed.csv` writes such a set, which
-`python -m core.replay --jobs` and the dashboard's replay accept like any other.
+`python -m core.replay --jobs` and the dashboard's replay accept like any other. `--owners K`
+also gives every job one of K synthetic owners (skewed: a few submit most), for the fair-share
+objective (bench.fairshare).
 """
 from __future__ import annotations
 
@@ -58,17 +60,33 @@ def mixed(jobs: Sequence[Job], fraction: float = 0.3, seed: int = 0) -> list[Job
     return out
 
 
+def with_owners(jobs: Sequence[Job], owners: int, seed: int = 0, skew: float = 1.0) -> list[Job]:
+    """A copy of `jobs`, each given one of `owners` owners (o1, o2, ...), drawn by `seed` with
+    weights 1/k^skew: o1 submits the most jobs and the last owner the fewest, as at a facility
+    where a few groups train most. Synthetic: the measured job sets name no owners."""
+    if owners < 1:
+        raise ValueError(f"owners: must be at least 1, not {owners}")
+    if not (skew >= 0.0):
+        raise ValueError(f"skew: must be 0 or more, not {skew}")
+    rng = random.Random(seed)
+    names = [f"o{k}" for k in range(1, owners + 1)]
+    weights = [1.0 / k ** skew for k in range(1, owners + 1)]
+    return [replace(job, owner=rng.choices(names, weights)[0]) for job in jobs]
+
+
 def write_jobset(jobs: Sequence[Job], fh: TextIO) -> None:
-    """The job-set CSV format that `core.jobsets.load_jobset` reads."""
+    """The job-set CSV format that `core.jobsets.load_jobset` reads (an owner column when any job has one)."""
+    owned = any(j.owner for j in jobs)
     w = csv.writer(fh, lineterminator="\n")
     w.writerow(["job", "model", "submit_time", "min_nodes", "max_nodes", "total_samples",
-                "scale_up_seconds", "scale_down_seconds", "nodes", "samples_per_second", "priority"])
+                "scale_up_seconds", "scale_down_seconds", "nodes", "samples_per_second", "priority"]
+               + (["owner"] if owned else []))
     for j in jobs:
         c = j.true_curve or j.curve
         w.writerow([j.id, j.name, iso(j.submit_time), j.min_nodes, j.max_nodes, f"{j.total_samples:.17g}",
                     f"{j.scale_up_seconds:.17g}", f"{j.scale_down_seconds:.17g}",
                     ";".join(str(n) for n in c.nodes), ";".join(f"{s:.6f}" for s in c.samples_per_second),
-                    f"{j.priority:.17g}"])
+                    f"{j.priority:.17g}"] + ([j.owner] if owned else []))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -78,9 +96,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--jobs", type=Path, default=data / "jobs-imagenet-1001.csv")
     ap.add_argument("--fraction", type=float, default=0.3, help="share of jobs replaced (default 0.3)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--owners", type=int, metavar="K", help="also give each job one of K synthetic owners")
+    ap.add_argument("--skew", type=float, default=1.0, help="--owners: owner k submits in proportion to 1/k^skew")
     args = ap.parse_args(argv)
     try:
         jobs = mixed(load_jobset(args.jobs), args.fraction, args.seed)
+        if args.owners is not None:
+            jobs = with_owners(jobs, args.owners, args.seed, args.skew)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,7 +72,9 @@ def random_problem(seed: int, max_jobs: int = 6, max_nodes: int = 24) -> Problem
 
 
 def with_objective(p: Problem, objective: str) -> Problem:
-    return Problem(p.nodes, p.jobs, p.tfwd, objective)
+    """`fairshare`: owners' factors from 1 down to core.fairshare's floor, 2^-10, spread over the jobs."""
+    jobs = p.jobs if objective != "fairshare" else [replace(j, fair=2.0 ** -(k * 7 % 11)) for k, j in enumerate(p.jobs)]
+    return Problem(p.nodes, jobs, p.tfwd, objective)
 
 
 def rate(job: JobRequest, n: int) -> float:
@@ -97,6 +99,8 @@ def job_value(job: JobRequest, n: int, tfwd: float, objective: str, per_job: boo
         return v / one if one > 0 else v
     if objective == "priority":
         return v * job.priority
+    if objective == "fairshare":
+        return v * job.fair
     return v
 
 
@@ -202,7 +206,7 @@ def test_default_keeps_a_tied_current_size_only_where_it_fits() -> None:
     assert close(plan.objective, enumerate_optimum(p))
 
 
-@pytest.mark.parametrize("objective", ["efficiency", "priority"])
+@pytest.mark.parametrize("objective", ["efficiency", "priority", "fairshare"])
 @pytest.mark.parametrize("seed", range(0, N_RANDOM, 4))
 def test_other_objectives_match_enumeration(seed: int, objective: str) -> None:
     p = with_objective(instance(seed), objective)
@@ -524,6 +528,17 @@ def test_milp_solvers_agree_with_dp(seed: int, solver: str) -> None:
     assert plan.status == "optimal" and plan.solver == solver
     check_plan(p, plan)
     assert close(plan.objective, allocate(p).objective)
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+@pytest.mark.parametrize("seed", range(0, 30, 3))
+def test_milp_solvers_match_enumeration_with_fair_shares(seed: int, solver: str) -> None:
+    """Weights down to 2^-10 stay within the solvers' tolerances: still the exact optimum."""
+    p = with_objective(instance(seed), "fairshare")
+    plan = allocate(p, "milp", solver, time_limit=30.0)
+    assert plan.status == "optimal" and plan.solver == solver
+    check_plan(p, plan)
+    assert close(plan.objective, optimum(seed, "fairshare")), (plan.objective, optimum(seed, "fairshare"))
 
 
 @pytest.mark.parametrize("seed", range(15))

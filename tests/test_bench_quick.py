@@ -4,8 +4,9 @@ These check that the benches work, not how fast anything is (bench.dashboard has
 tests/test_bench_dashboard.py; those that start a test Slurm are in tests/test_bench_slurm_quick.py)."""
 from __future__ import annotations
 
-
 import re
+
+import pytest
 
 from tests.support.procs import ROOT, last_json, run_module
 
@@ -64,3 +65,14 @@ def test_jpa_every_policy_on_both_workloads():
         assert set(out[workload]) == {"oracle", "noinfo", "even", "jpa"}
         assert all(v > 0 for v in out[workload].values())
         assert out["ratios"][workload]["jpa_vs_oracle"] > 0
+
+
+def test_fairshare_three_runs_and_the_owners_add_up():
+    """Every owner's node-hours add up to what the run used (each job of the set has an owner)."""
+    out = last_json(run_module("bench.fairshare", "--quick", "--json", timeout=300))
+    (r,) = out
+    assert set(r["runs"]) == {"throughput", "fairshare", "fairshare+queue"} and r["smallest"] in r["owners"]
+    for run in r["runs"].values():
+        per_owner = run["per_owner"]
+        assert sum(o["node_hours"] for o in per_owner.values()) == pytest.approx(run["used_node_hours"], abs=0.01)
+        assert run["samples"] > 0 and 0 < run["jain_node_hours"] <= 1

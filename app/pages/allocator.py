@@ -16,7 +16,8 @@ dash.register_page(__name__, path="/allocator", name="Allocator", title="Allocat
 
 EVENTS_PAGE = 25
 WEIGHTS = {"priority": "; each job's term weighted by its priority",
-           "efficiency": "; each job's term divided by its throughput on one node"}
+           "efficiency": "; each job's term divided by its throughput on one node",
+           "fairshare": "; each job's term weighted by its owner's fair-share factor, 2^(-use/share)"}
 _CELL = {"fontSize": 13, "padding": "3px 8px", "fontFamily": "inherit"}
 
 
