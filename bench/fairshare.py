@@ -15,9 +15,9 @@ fairness index over the owners' node-hours (1: every owner got the same, which i
 shares aim at while each has jobs to run), the smallest owner's node-hours, jobs finished and
 their mean completion time, and each owner's node-hours and share of all used. Over a window
 long enough for every job to finish, each owner gets all they asked for whatever the order:
-fair shares then show in how soon the light users' jobs are done, not in node-hours. "smallest owner" is the owner with the
-fewest jobs in the window. `--quick` (2 hours, one size, ~10 s) checks the bench runs, not what
-it finds. The owners are synthetic: the measured job sets name none.
+fair shares then show in how soon the light users' jobs are done, not in node-hours. "smallest
+owner" is the owner with the fewest jobs in the window. `--quick` (2 hours, one size, ~10 s)
+checks the bench runs, not what it finds. The owners are synthetic: the measured job sets name none.
 """
 from __future__ import annotations
 

@@ -50,8 +50,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.slots = slots or Slots()             # ranks (GPUs) per node: counted, never allocated
         self.advisor = advisor                    # JPA: learns curves and costs (None: trust them)
         self.advice = Advice(advisor)
-        self.fair = (FairShare(self.config.fair_half_life) if "fairshare" in (self.config.objective, self.config.queue)
-                     else None)
+        self.fair = FairShare.wanted(self.config)   # use against share, for a fairshare objective or queue
         self.policy = make_policy(self.config.policy, self.config.solver)
         self.dispatcher = dispatcher
         self.clock = clock
@@ -62,9 +61,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.held: dict[str, list[str]] = {}      # job -> nodes, in the order it got them
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, None] = {}        # admission order = allocator order
-        self.queue = JobQueue(self.config)
-        if self.fair is not None:
-            self.queue.rank = lambda j: self.fair.use_per_share(j.owner, self.quota.book.shares, self.clock.now())
+        self.queue = JobQueue(self.config, self.fair and self.fair.ranker(lambda: self.quota.book.shares, clock))
         self.counters = Counters()
         self.solve_times = SolveTimes()
         self.last_plan: Optional[Plan] = None
@@ -89,12 +86,10 @@ class Controller:  # one step reads and writes the same node and job state; the 
         #: `tfwd auto`: when a step is due even without an event, to see whether the horizon has
         #: outgrown the last plan's (a replay or live loop wakes the controller then); None: never
         self.replan_at: Optional[float] = None
-        #: replay reference only (core.clairvoyant): (idle nodes, now) -> true remaining idle s,
-        #: given to placement in place of the learned expectation
+        #: replay references only (core.clairvoyant), (idle nodes, now) -> seconds: each node's true
+        #: remaining idle time, for placement's expectation; the moment the trace takes each back,
+        #: for the moment each became idle (its groups: nodes that go back together, not freed together)
         self.clairvoyant: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
-        #: replay reference only: (idle nodes, now) -> the moment the trace takes each back, given
-        #: to placement in place of the moment each became idle, so its groups are the nodes that
-        #: go back together rather than the nodes freed together
         self.clairvoyant_groups: Optional[Callable[[Sequence[str], float], dict[str, float]]] = None
 
     # ---- inputs ---------------------------------------------------------------------------
@@ -280,14 +275,12 @@ class Controller:  # one step reads and writes the same node and job state; the 
             dt = now - self.accounted_until
             self.counters.offered_node_s += len(self.idle) * dt
             self.counters.used_node_s += len(self.owner) * dt
-            by_owner = self._held_by_owner()
-            for owner, n in by_owner.items():
-                self.counters.owner_node_s[owner] = self.counters.owner_node_s.get(owner, 0.0) + n * dt
+            held = [(self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running]
+            self.counters.count_owners(Quotas.held(held), dt)
             if self.quota.source is not None:    # quotas may be set (a users file): count every owner's use
-                self.quota.count(by_owner, self.accounted_until, now)
+                self.quota.count(Quotas.held(held), self.accounted_until, now)
             if self.fair is not None:
-                self.fair.count(((self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running),
-                                self.accounted_until, now)
+                self.fair.count(held, self.accounted_until, now)
         self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
 
     def _held_by_owner(self) -> dict[str, int]:

@@ -29,6 +29,11 @@ class Counters:
     by_kind: dict[str, int] = field(default_factory=dict)
     owner_node_s: dict[str, float] = field(default_factory=dict)   # node-seconds of the jobs that have an owner
 
+    def count_owners(self, held: dict[str, int], dt: float) -> None:
+        """Owners held these nodes for dt seconds."""
+        for owner, n in held.items():
+            self.owner_node_s[owner] = self.owner_node_s.get(owner, 0.0) + n * dt
+
 
 @dataclass
 class StepResult:

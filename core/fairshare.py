@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequence
 
 from .objective import JobRequest
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .controller_config import ControllerConfig
+    from .model import Job
 
 #: Slurm's default PriorityDecayHalfLife: usage a week old counts half
 DEFAULT_HALF_LIFE_S = 7 * 86400.0
@@ -79,6 +84,15 @@ class FairShare:
 
     def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         self.usage = DecayedUsage(half_life_s)
+
+    @classmethod
+    def wanted(cls, config: "ControllerConfig") -> Optional["FairShare"]:
+        """One where the objective or the queue order is `fairshare`, else None."""
+        return cls(config.fair_half_life) if "fairshare" in (config.objective, config.queue) else None
+
+    def ranker(self, shares: Callable[[], Mapping[str, float]], clock: "Clock") -> Callable[["Job"], float]:
+        """The fair-share queue's order: a job's owner's use per share now."""
+        return lambda job: self.use_per_share(job.owner, shares(), clock.now())
 
     def count(self, held: Iterable[tuple[str, int]], t0: float, t1: float) -> None:
         """(owner, nodes) of each running job, held from t0 to t1."""

@@ -14,13 +14,13 @@ from .model import Job, JobState
 
 
 class JobQueue:
-    def __init__(self, config: ControllerConfig) -> None:
+    def __init__(self, config: ControllerConfig, rank: Optional[Callable[[Job], float]] = None) -> None:
         self.config = config
         self._heap: list[tuple] = []     # (lane first, order key..., seq, job id); may hold ended jobs
         self._seq = itertools.count()
         self.count = 0                   # jobs queued now
-        #: queue fairshare: a job's owner's use per share now (lower goes first; set by the controller)
-        self.rank: Optional[Callable[[Job], float]] = None
+        #: queue fairshare: a job's owner's use per share now (lower goes first; core.fairshare)
+        self.rank = rank
 
     def in_lane(self, job: Job) -> bool:
         """A registered job (not the job set's) while the demo lane is on."""

@@ -190,8 +190,9 @@ class ReplayInputs:
         """Read the job set, the trace and the node list; raises SettingsError or InputError."""
         jobset = load_jobset(settings.jobs)
         if settings.config.visitor_slots and any(j.owner for j in jobset):
-            raise SettingsError("visitor_slots", "the demo lane takes jobs with an owner for registered ones, and "
-                                                 f"{Path(settings.jobs).name} gives its jobs owners: set {{visitor_slots}} to 0")
+            raise SettingsError("visitor_slots", "the demo lane takes jobs with an owner for registered ones, "
+                                                 f"and {Path(settings.jobs).name} gives its jobs owners: set "
+                                                 "{visitor_slots} to 0")
         is_summit = Path(settings.trace).resolve() == DEFAULT_TRACE.resolve()
         node_list = settings.node_list or (DEFAULT_NODE_LIST if is_summit else None)
         checked = TraceSource(settings.trace, [])
