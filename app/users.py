@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,7 @@ from typing import Optional
 from werkzeug.security import generate_password_hash
 
 from core.privatefiles import write_private
+from core.quotas import parse_share
 from core.settings import UNIX_NAME
 
 from .auth import ACCOUNT_MAX, ROLES, Users
@@ -83,9 +83,10 @@ def apply(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
     if quota:
         row["quota"] = quota
     if args.share is not None:
-        if not (math.isfinite(args.share) and args.share > 0):
-            raise Refusal("--share takes a positive number")
-        row["share"] = args.share
+        try:
+            row["share"] = parse_share(args.share, "--share")    # the users file's own rule
+        except ValueError:
+            raise Refusal("--share takes a positive number") from None
     return others + [row]
 
 

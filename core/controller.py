@@ -276,9 +276,10 @@ class Controller:  # one step reads and writes the same node and job state; the 
             self.counters.offered_node_s += len(self.idle) * dt
             self.counters.used_node_s += len(self.owner) * dt
             held = [(self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running]
-            self.counters.count_owners(Quotas.held(held), dt)
+            by_owner = Quotas.held(held)         # named owners only; the fair share also counts ""
+            self.counters.count_owners(by_owner, dt)
             if self.quota.source is not None:    # quotas may be set (a users file): count every owner's use
-                self.quota.count(Quotas.held(held), self.accounted_until, now)
+                self.quota.count(by_owner, self.accounted_until, now)
             if self.fair is not None:
                 self.fair.count(held, self.accounted_until, now)
         self.accounted_until = now if self.accounted_until is None else max(self.accounted_until, now)
