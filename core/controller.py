@@ -26,7 +26,7 @@ from .dispatchers.base import Dispatcher
 from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner, learn_step
 from .job_queue import JobQueue
 from .jpa import JPA, Probe
-from .model import EVENT_PRIORITY, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
+from .model import EVENT_PRIORITY, LEFT_LOST, LEFT_PREEMPTED, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
 from .objective import Problem
 from .policies import make_policy
 from .quotas import Quotas
@@ -183,7 +183,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
             self.counters.steps += 1
             self.counters.events += len(batch)
             changed = force
-            lost: dict[str, list[str]] = {}
+            lost: dict[str, list[tuple[str, str]]] = {}     # job -> (node, why it left)
             gone: dict[str, float] = {}
             by_kind = self.counters.by_kind
             for ev in batch:
@@ -191,7 +191,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
                 by_kind[ev.kind.value] = by_kind.get(ev.kind.value, 0) + 1
                 kind = ev.kind
                 if kind is EventKind.NODE_LEAVE:
-                    changed |= self._leave(ev.node, lost, gone)
+                    changed |= self._leave(ev, lost, gone)
                 elif kind in (EventKind.JOB_DONE, EventKind.JOB_FAILED, EventKind.JOB_CANCEL):
                     if lost:
                         self._vacate(lost, now)
@@ -287,34 +287,46 @@ class Controller:  # one step reads and writes the same node and job state; the 
     def _held_by_owner(self) -> dict[str, int]:
         return Quotas.held((self.jobs[j].owner, len(self.held.get(j, ()))) for j in self.running)
 
-    def _leave(self, node: Optional[str], lost: dict[str, list[str]], gone: dict[str, float]) -> bool:
+    def _leave(self, ev: Event, lost: dict[str, list[tuple[str, str]]], gone: dict[str, float]) -> bool:
+        """A node leaves. Only the owner's or the scheduler's taking feeds the horizon and the
+        reclaim order: a node lost to a fault of its own says nothing about when nodes go back."""
+        node = ev.node
         if node is None or node not in self.idle:
             return False
-        gone[node] = self.idle[node]
-        if self.horizon_learner is not None:
-            self.horizon_learner.ended(self.clock.now() - self.idle[node])
+        cause = ev.cause or LEFT_PREEMPTED
+        if cause != LEFT_LOST:
+            gone[node] = self.idle[node]
+            if self.horizon_learner is not None:
+                self.horizon_learner.ended(self.clock.now() - self.idle[node])
+        else:
+            log.info("node %s lost%s: %s", node, f" under job {ev.job}" if ev.job else "", ev.detail or "no reason given")
         del self.idle[node]
         self.since[node] = self.clock.now()
         self._batch.node(node, False, self.clock.now())
         job = self.owner.pop(node, None)
         if job is not None:
-            lost.setdefault(job, []).append(node)
+            lost.setdefault(job, []).append((node, cause))
         return True
 
-    def _vacate(self, lost: dict[str, list[str]], now: float) -> None:
-        """Get every job off the nodes the main scheduler took, before anything is re-planned."""
-        for jid, nodes in lost.items():
+    def _vacate(self, lost: dict[str, list[tuple[str, str]]], now: float) -> None:
+        """Get every job off the nodes that left, before anything is re-planned; each change
+        is recorded with why its nodes left (lost, reclaimed, preempted)."""
+        for jid, left in lost.items():
             job = self.jobs[jid]
+            nodes = [n for n, _ in left]
             before = self.held.get(jid, [])
             gone = set(nodes)
             after = [n for n in before if n not in gone]
             self.held[jid] = after
             self.dispatcher.vacate(job, nodes, now)
             self.advice.ran(jid, len(after), now)
-            self.counters.preemptions += len(nodes)
+            self.counters.preemptions += sum(1 for _, cause in left if cause != LEFT_LOST)
             if after:
                 self.rescaling_until[jid] = max(self.rescaling_until.get(jid, now), now + job.scale_down_seconds)
-            self._record_change(job, before, after, now, "preempted")
+            for cause in dict.fromkeys(c for _, c in left):
+                out = {n for n, c in left if c == cause}
+                was = [n for n in before if n not in gone or n in out]
+                self._record_change(job, was, [n for n in was if n not in out], now, cause)
 
     def _release(self, job: Job) -> list[str]:
         nodes = self.held.pop(job.id, [])
@@ -343,6 +355,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
         if state is JobState.FAILED:
             job.failure = ev.failure or {"kind": "other", "message": ev.detail, "node": ev.node, "hint": "",
                                          "tail": []}
+            log.info("job %s failed (%s)%s: %s", job.id, job.failure.get("kind"),
+                     f" on {ev.node}" if ev.node else "", job.failure.get("message") or ev.detail)
         job.state = state
         job.end_time = now
         self._release(job)
@@ -424,6 +438,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.queue.push(job)
         self._batch.jobs[jid] = job_row(job)
         why = self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
+        log.info("job %s back to the queue: %s", jid, why)
         self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: {why}"))
 
     def _solve(self, now: float, result: StepResult, probes: Optional[dict[str, Probe]] = None,

@@ -60,6 +60,10 @@ class EventKind(str, enum.Enum):
     JOB_RESCALED = "job_rescaled"            # a job's workers regrouped at a new size, and how long it took (logged)
 
 
+#: why a node left (Event.cause): it failed (its workers were lost for a reason of the node; not the
+#: main scheduler's doing), its owner took it back by hand, or its batch scheduler preempted the harvester
+LEFT_LOST, LEFT_RECLAIMED, LEFT_PREEMPTED = "lost", "reclaimed", "preempted"
+
 #: order in which the controller handles events of one batch: a leave is always first.
 EVENT_PRIORITY = {
     EventKind.NODE_LEAVE: 0,
@@ -169,6 +173,7 @@ class Event:
     job: Optional[str] = None
     detail: str = ""
     failure: Optional[dict] = None      # JOB_FAILED / JOB_TROUBLE: the named reason (core.failures)
+    cause: str = ""                     # NODE_LEAVE: LEFT_LOST, LEFT_RECLAIMED or LEFT_PREEMPTED ('' = preempted)
 
 
 @dataclass(frozen=True)

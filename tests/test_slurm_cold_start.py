@@ -1,6 +1,8 @@
 """A cold start on 128 real slurmd (issue 48): the harvester with default settings holds every
 idle node with a pilot, and one job that can use them all holds all the held nodes within a
 minute of the last pilot connecting; the learned horizon is not shortened by the arrivals.
+Issue 56 (9.): this failed about one run in four under the suite's load while joins were let
+through after a 10 s quiet gap; they now wait until no pilot is starting.
 
 Before the fix, on 256 slurmd, such a job stayed on 16 nodes for minutes: the pilots connect one
 by one, each join grew the job, and each grow ended a "stand" of a few ms, so the horizon learned
@@ -52,23 +54,23 @@ def leave(node: str) -> Event:
 
 
 def test_joins_wait_for_starting_pilots_and_leaves_never_wait() -> None:
-    h = JoinHold(cap_s=60.0, quiet_s=10.0)
+    h = JoinHold(cap_s=60.0)
     assert h.pass_on([join("a"), join("b")], 0.0, starting=True) == []
     assert h.pass_on([leave("b"), leave("x")], 1.0, starting=True) == [leave("b"), leave("x")]
     assert h.pass_on([join("c")], 2.0, starting=False) == [join("a"), join("c")], "b left before it joined"
-    assert h.held == [] and h.since is None and h.last is None
-    assert h.pass_on([join("d")], 3.0, starting=True) == []
-    assert h.pass_on([], 12.9, starting=True) == []
-    assert h.pass_on([], 13.0, starting=True) == [join("d")], "a lone join waits no longer than quiet_s"
+    assert h.held == [] and h.since is None
+    assert h.pass_on([join("d")], 3.0, starting=False) == [join("d")], "nothing starting: a join goes at once"
 
 
-def test_a_slow_cold_start_is_held_while_joins_keep_coming_up_to_the_cap() -> None:
-    """128 pilots on 2 loaded cores connected over more than 30 s; a cap counted from the first
-    join split them into 112 and a late 16 that no grow repaid (seen in CI)."""
-    h = JoinHold(cap_s=60.0, quiet_s=10.0)
+def test_a_slow_cold_start_is_held_until_no_pilot_is_starting_up_to_the_cap() -> None:
+    """128 pilots on 2 loaded cores connected over more than 30 s, the last 16 more than 10 s
+    after the others; a quiet gap between joins let the first 112 through alone (seen in CI:
+    the job then stayed on 112 of 128 nodes)."""
+    h = JoinHold(cap_s=60.0)
     for t in range(0, 45, 5):                       # a join every 5 s for 40 s: all held
         assert h.pass_on([join(f"n{t}")], float(t), starting=True) == []
-    assert [e.node for e in h.pass_on([join("last")], 45.0, starting=False)] == \
+    assert h.pass_on([], 58.0, starting=True) == [], "a 18 s gap while pilots are starting: still held"
+    assert [e.node for e in h.pass_on([join("last")], 59.0, starting=False)] == \
         [f"n{t}" for t in range(0, 45, 5)] + ["last"]
     for t in range(0, 60, 5):
         assert h.pass_on([join(f"m{t}")], 100.0 + t, starting=True) == []

@@ -54,6 +54,16 @@ class Dispatcher(ABC):
 
     #: whether the job's workers report progress over HTTP (`accept_report`)
     takes_reports = False
+    #: whether it holds nodes out after faults of their own, which staff may clear (`clear_node`)
+    holds_nodes_out = False
+
+    def node_states(self) -> dict[str, str]:
+        """Nodes it holds out for reasons of their own, and why (for the grid and /api/cluster)."""
+        return {}
+
+    def clear_node(self, node: str) -> bool:
+        """Staff vouch for a node it holds out: offered again. Whether it was held out."""
+        return False
 
     def status(self, job_id: str) -> Optional[dict]:
         """What the job's workers say of themselves (generation, members, ...), if they are real."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .. import failures
+from . import blame
 from ..failures import Failure
 from ..model import Event, EventKind, Job, PauseSample, RateSample
 from ..runtime import ranks
@@ -229,7 +230,9 @@ class RestartJobs:
                 continue
             hs = list(gen.handles.items())
             self._read_progress(run, hs[0][1])
-            dead = [(k, h) for k, h in hs if not alive.get(h)]
+            if not any(h in alive for _, h in hs):
+                continue          # a generation started after the check was sent: not checked yet
+            dead = [(k, h) for k, h in hs if h in alive and not alive[h]]
             if not dead:
                 self._check_stalled(run, gen)
                 continue
@@ -262,10 +265,29 @@ class RestartJobs:
                 failure.message = f"before the job's first progress line: {failure.message}"
                 self.fail(run, failure)
             else:
-                run.target = [n for n in run.target if n != node]
-                self.lost(run.job.id, node, failure)
+                for lost_node, lost_failure in [(node, failure), *self._same_error_elsewhere(hs, node, failure)]:
+                    run.target = [n for n in run.target if n != lost_node]
+                    self.lost(run.job.id, lost_node, lost_failure)
                 if run.target and not run.ended:
                     self.submit(self._apply, run)      # the job goes on on its other nodes
+
+    def _same_error_elsewhere(self, hs: list[tuple[str, Handle]], node: str,
+                              failure: Failure) -> list[tuple[str, Failure]]:
+        """The other nodes of the generation whose ranks failed with the same error of the job's
+        own as `node`'s (read once the generation is stopped): a script that raises on every
+        rank is one error everywhere, which fails the job at once (blame.py), not a lost node."""
+        if blame.node_caused(failure) or blame.consequence(failure):
+            return []
+        sig, out, seen = blame.signature(failure), [], {node}
+        for key, h in hs:
+            other = ranks.node_of(key)
+            if other in seen:
+                continue
+            f = failures.from_exit(self._tail(h), self.transport.exit_status(h), other)
+            if blame.signature(f) == sig:
+                seen.add(other)
+                out.append((other, f))
+        return out
 
     def _check_stalled(self, run: _RestartRun, gen: _Gen) -> None:
         """No progress line within `start_timeout_s` of the generation's start, or none for

@@ -13,12 +13,16 @@ events through `poll()`:
   - vacate (the main scheduler took a node): regroup without it and SIGTERM it at once,
     SIGKILL after `vacate_grace_s`;
   - a worker that dies, or a node ssh cannot reach: the node is lost with all its ranks (one
-    regroup; its other ranks are stopped) (a NODE_LEAVE), offered
-    again after `rejoin_after_s`; after `max_crashes` such losses the job fails, its failure
-    named (core/failures.py). Before the job's first step a set-up error fails it at once, and
-    a job that holds nodes without a step for `start_timeout_s` fails (health.py). Not so on a
-    node the transport says its owner took back (a preempted Slurm pilot): the node source's
-    own leave accounts for that worker.
+    regroup; its other ranks are stopped) (a NODE_LEAVE, cause `lost`). Whose fault it was
+    decides what follows (blame.py): a node that did not answer twice in a row (and whose
+    workers' heartbeats stopped), went silent or was killed from outside is held out until a
+    check of it passes (node_health.py), and never counts against the job; a job's own error
+    offers the node again after `rejoin_after_s`, and fails the job only when it comes from
+    every node it held, or follows it across `max_crashes` distinct nodes (failure named, core/
+    failures.py). Before the job's first step a set-up error fails it at once, and a job that
+    holds nodes without a step for `start_timeout_s` fails (health.py). Not so on a node the
+    transport says its owner took back (a preempted Slurm pilot): the node source's own leave
+    accounts for that worker.
 It also measures for the profiler (metering.py), and adopts the workers that outlived an
 earlier harvester run (adoption.py).
 """
@@ -37,7 +41,7 @@ from typing import Optional, Sequence
 from .. import failures
 from ..crashes import DEFAULT_CRASH_WINDOW_S, note_loss
 from ..failures import Failure
-from ..model import LAUNCHER_TORCHRUN, Event, EventKind, Job
+from ..model import LAUNCHER_TORCHRUN, LEFT_LOST, Event, EventKind, Job
 from ..runtime import ranks
 from ..runtime.coordinator import JobCoordinator
 from ..runtime.reports import ReportBook
@@ -46,14 +50,22 @@ from ..transports.cleanup import ENV_MARK, new_mark
 from ..transports.runas import RunAs
 from . import adoption
 from .base import Dispatcher
+from .blame import JobFaults, consequence, node_caused
 from .health import Health, stalled_failure, story_of
 from .metering import Meter
+from .node_health import NodeHealth
 from .restarts import RestartJobs, checkpoint_dir
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"
 HISTORY = 10                 # generations a job's status shows
+#: a node is lost for not answering only after this many liveness checks in a row went unanswered
+#: (and, for a runtime job, none of its workers' heartbeats came within UNANSWERED_HEARD_S)
+UNANSWERED_CHECKS = 2
+UNANSWERED_HEARD_S = 2.0
+#: a held-out node's check: any command at all over its transport, within this
+NODE_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -63,7 +75,6 @@ class _Run:
     target: list[str] = field(default_factory=list)
     handles: dict[str, Handle] = field(default_factory=dict)     # worker key -> its process
     incarnation: dict[str, int] = field(default_factory=dict)   # worker key -> its current one's
-    losses: list[float] = field(default_factory=list)   # when workers were lost (the crash budget's)
     ended: bool = False
     last_tail: list[str] = field(default_factory=list)
     meter: Meter = field(default_factory=Meter)       # the profiler's samples from its status
@@ -117,6 +128,10 @@ class WorkerDispatcher(Dispatcher):
         self._runs: dict[str, _Run] = {}
         self._events: list[Event] = []
         self._rejoin: list[tuple[float, str]] = []
+        self.node_health = NodeHealth()       # nodes held out for reasons of their own (blame.py)
+        self.checks_nodes = self.holds_nodes_out = type(transport).run is not Transport.run   # it can tell when one is back
+        self._faults: dict[str, JobFaults] = {}     # job -> its own errors, by node
+        self._unanswered: dict[str, int] = {}      # node -> liveness checks unanswered in a row
         self._store_downs: dict[str, list[float]] = {}   # job -> when its store process ended
         self._reviving: dict[str, list[str]] = {}        # job -> nodes it starts again on (`_revive`)
         self._lock = threading.RLock()
@@ -194,6 +209,7 @@ class WorkerDispatcher(Dispatcher):
 
     def stop(self, job: Job, now: float) -> None:
         if job.launcher == LAUNCHER_TORCHRUN:
+            self._faults.pop(job.id, None)
             return self.restarts.stop(job)
         with self._lock:
             run = self._runs.pop(job.id, None)
@@ -204,6 +220,7 @@ class WorkerDispatcher(Dispatcher):
         job.samples_done = max(job.samples_done, float(st["samples_done"]))
         job.story = story_of(st, run.coord.generations()[-HISTORY:])
         run.ended = True
+        self._faults.pop(job.id, None)
         run.coord.close(wait=False)
         self.book.revoke(job.id)
         adoption.kept_path(self.logdir, job.id).unlink(missing_ok=True)
@@ -262,7 +279,9 @@ class WorkerDispatcher(Dispatcher):
             due = [node for when, node in self._rejoin if when <= t]
             self._rejoin = [(w, n) for w, n in self._rejoin if w > t]
             events += [Event(now, EventKind.NODE_JOIN, node=n, detail="offered again after a lost worker")
-                       for n in due]
+                       for n in due if not self.node_health.is_out(n)]
+            for node in self.node_health.due():
+                self._pool.submit(self._check_node, node)
             for run in list(self._runs.values()):
                 if run.ended:
                     continue
@@ -377,13 +396,15 @@ class WorkerDispatcher(Dispatcher):
         return self.transport.start(node, argv, env, self.workdir, log_path)
 
     def _restart_lost(self, job_id: str, node: str, failure: Failure) -> None:
-        """A restart-based job lost `node` (a rank died or it cannot be reached): the same
-        accounting as a runtime job's lost node (a leave, offered again later, a crash count)."""
+        """A restart-based job lost `node` (a rank died or it cannot be reached): judged as a
+        runtime job's lost node is (`_judge`)."""
         run = self.restarts.runs.get(job_id)
         if run is None:
             return
         with self._lock:
-            if self._count_loss(job_id, run.losses, node, failure):
+            verdict = self._judge(job_id, node, failure, [*run.target, node])
+            if verdict is not None:
+                failure.message = f"{verdict}, after {run.samples:,.0f} samples: {failure.message}"
                 self.restarts.fail(run, failure)
 
     def _keys(self, nodes: Sequence[str]) -> list[str]:
@@ -471,13 +492,18 @@ class WorkerDispatcher(Dispatcher):
                            for k, h in run.handles.items()]
             restarted = self.restarts.handles()
             alive = self.transport.alive_many([h for _, _, h in watched] + [h for _, _, h in restarted])
-            self.restarts.check(alive)
+            unanswered = self._count_unanswered([h for _, _, h in watched + restarted], alive)
+            self.restarts.check({h: True if ok is None and unanswered.get(h.node.name, 0) < UNANSWERED_CHECKS
+                                 else ok for h, ok in alive.items()})
             down: dict[tuple[str, str], tuple[_Run, Handle, Optional[bool]]] = {}
             for run, key, handle in watched:
                 ok = alive.get(handle)
                 node = ranks.node_of(key)
                 if ok or self.transport.taken_back(node, handle):
                     continue          # alive, or gone with a node its owner took back (a leave)
+                if ok is None and (unanswered.get(node, 0) < UNANSWERED_CHECKS
+                                   or run.coord.heard_within(self._keys([node]), UNANSWERED_HEARD_S)):
+                    continue          # one slow answer, or its heartbeats still come: not lost yet
                 down.setdefault((run.job.id, node), (run, handle, ok))
             for (_, node), (run, handle, ok) in down.items():
                 with self._lock:
@@ -485,7 +511,9 @@ class WorkerDispatcher(Dispatcher):
                         continue          # retired meanwhile: not a crash
                     mates = [run.handles.pop(k) for k in self._keys([node]) if k in run.handles]
                 if ok is None:
-                    failure = failures.named(failures.UNREACHABLE, f"{node} did not answer a liveness check", node)
+                    failure = failures.named(failures.UNREACHABLE, (
+                        f"{node} did not answer {UNANSWERED_CHECKS} liveness checks in a row "
+                        f"({self._alive_limit():g} s each), and its workers' heartbeats stopped"), node)
                 else:
                     failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
                 self._lost(run, node, failure)
@@ -494,6 +522,21 @@ class WorkerDispatcher(Dispatcher):
         finally:
             self._last_check = time.monotonic()
             self._checking = False
+
+    def _count_unanswered(self, handles: list[Handle], alive: dict[Handle, Optional[bool]]) -> dict[str, int]:
+        """Liveness checks unanswered in a row, per node (a node that answers starts again from 0)."""
+        seen: dict[str, bool] = {}
+        for handle in handles:
+            if handle in alive:
+                node = handle.node.name
+                seen[node] = seen.get(node, False) or alive[handle] is not None
+        with self._lock:
+            for node, answered in seen.items():
+                self._unanswered[node] = 0 if answered else self._unanswered.get(node, 0) + 1
+            return dict(self._unanswered)
+
+    def _alive_limit(self) -> float:
+        return float(getattr(self.transport, "alive_timeout_s", 0.0) or 0.0)
 
     def _take_out_silent(self, runs: list[_Run]) -> None:
         """A worker alive as a process but silent past the heartbeat timeout (hung, SIGSTOPped)
@@ -515,21 +558,71 @@ class WorkerDispatcher(Dispatcher):
         the folder, the script's own exception) fails it at once: every node would fail alike."""
         run.coord.workers_lost([(k, run.incarnation.get(k)) for k in self._keys([node])])
         with self._lock:
+            self._unanswered.pop(node, None)
             run.last_tail = failure.tail or run.last_tail
-            if run.health.fails_at_once(failure) or self._count_loss(run.job.id, run.losses, node, failure):
+            if run.health.fails_at_once(failure):
+                self._fail(run, failure, time.time())
+                return
+            verdict = self._judge(run.job.id, node, failure, [*run.target, node])
+            if verdict is not None:
+                step = run.coord.status().get("committed_step")
+                failure.message = f"{verdict}, during training at step {step}: {failure.message}"
                 self._fail(run, failure, time.time())
 
-    def _count_loss(self, job_id: str, losses: list[float], node: str, failure: Failure) -> bool:
-        """A lost node (under the lock): a leave, offered again after `rejoin_after_s`; whether
-        that makes `max_crashes` within the window (the job then fails, said in `failure`)."""
+    def _judge(self, job_id: str, node: str, failure: Failure, held: Sequence[str]) -> Optional[str]:
+        """A node's workers were lost (under the lock): it leaves the job (cause `lost`). The
+        node's fault holds it out until a check passes; anything else offers it again after
+        `rejoin_after_s`. Why the job fails now (its own error everywhere, or on too many
+        distinct nodes: blame.py), or None: it shrinks and trains on."""
         now = time.time()
-        crashes = note_loss(losses, now, self.crash_window_s)
         self._events.append(Event(now, EventKind.NODE_LEAVE, node=node, job=job_id, detail=failure.line(),
-                                  failure=failure.to_dict()))
+                                  failure=failure.to_dict(), cause=LEFT_LOST))
+        if node_caused(failure) and self.checks_nodes:
+            if self.node_health.hold_out(node, failure.line()):
+                log.info("node %s held out (job %s trains on without it): %s; checked again in %g s",
+                         node, job_id, failure.line(), self.node_health.first_check_s)
+            return None
         self._rejoin.append((now + self.rejoin_after_s, node))
-        if crashes < self.max_crashes:
+        if node_caused(failure) or consequence(failure):
+            return None
+        faults = self._faults.setdefault(job_id, JobFaults(self.crash_window_s, self.max_crashes))
+        return faults.add(node, failure, held, now)
+
+    def _check_node(self, node: str) -> None:
+        """Off the controller's thread: a held-out node is checked over its transport; it comes
+        back (a join) once a check passes, else it waits longer (node_health.py)."""
+        spec = self.specs.get(node)
+        if spec is None:
+            self.node_health.passed(node)
+            return
+        try:
+            rc, _, err = self.transport.run(spec, ["true"], NODE_CHECK_TIMEOUT_S)
+            why = "" if rc == 0 else (err.strip().splitlines() or [f"exit status {rc}"])[-1]
+        except TransportError as e:
+            why = e.message
+        except Exception as e:         # a check must never kill the pool's thread
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            self.node_health.failed(node, why)
+            return
+        sick = self.node_health.passed(node)
+        if sick is not None:
+            out_s = time.time() - sick.since
+            log.info("node %s is back: a check passed %.0f s after it was lost (%s)", node, out_s, sick.reason)
+            self._post(Event(time.time(), EventKind.NODE_JOIN, node=node, detail=(
+                f"back: a check passed {out_s:.0f} s after it was lost ({sick.reason})")))
+
+    def node_states(self) -> dict[str, str]:
+        """The nodes held out for reasons of their own, and why (the cluster page, /api/cluster)."""
+        return self.node_health.states()
+
+    def clear_node(self, node: str) -> bool:
+        """Staff vouch for a held-out node: it is offered again at once. False if it was not held out."""
+        sick = self.node_health.clear(node)
+        if sick is None:
             return False
-        failure.message = f"{crashes} workers lost within {self.crash_window_s:g} s; last: {failure.message}"
+        log.info("node %s cleared by staff: offered again (was lost: %s)", node, sick.reason)
+        self._post(Event(time.time(), EventKind.NODE_JOIN, node=node, detail="cleared by staff"))
         return True
 
     def _fail(self, run: _Run, failure: Failure, now: float) -> None:

@@ -34,7 +34,7 @@ class LiveRunner(Runner):
 
     def _build(self, seq: int) -> Snapshot:
         return self.controller.snapshot(self.status, seq, self.source.status().to_dict(),
-                                        self.source.node_states())
+                                        {**self.source.node_states(), **self.controller.dispatcher.node_states()})
 
     def _on_start(self) -> None:
         self._waker = threading.Thread(target=self._wake_loop, name="live-wake", daemon=True)

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch.distributed as dist
 
@@ -194,6 +194,14 @@ class JobCoordinator:
             for node, incarnation in workers:
                 self._execute(self._machine.node_lost(node, incarnation, now))
         self._wake.set()
+
+    def heard_within(self, keys: Sequence[str], seconds: float) -> bool:
+        """Whether a heartbeat of any of these workers arrived in the last `seconds`: a second
+        channel to the node, so that one slow liveness check does not make it lost."""
+        t = time.monotonic()
+        with self._lock:
+            return any(w is not None and w.connected and t - w.hb_seen < seconds
+                       for w in (self._machine.workers.get(k) for k in keys))
 
     def silent_workers(self) -> list[tuple[str, int]]:
         """(key, incarnation) of the workers lost because their heartbeat stopped (hung,

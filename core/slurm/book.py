@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Collection, Optional
 
-from ..model import Event, EventKind
+from ..model import LEFT_LOST, LEFT_PREEMPTED, Event, EventKind
 from . import pilots
 from .backoff import SHORT_LIFE_S, PilotBackoff
 from .hub import PilotLink
@@ -100,7 +100,7 @@ class PilotBook:
                 self._judge(p, None, "" if link.leaving else "lost its connection")
             if link.leaving and link.job not in self._cancelled:
                 self._reclaimed[link.node] = time.monotonic()
-            return self._release(link.node, link.job, why)
+            return self._release(link.node, link.job, why, LEFT_PREEMPTED if link.leaving else LEFT_LOST)
 
     def _judge(self, p: Pilot, job: Optional[SlurmJob], how: str) -> None:
         """A pilot is over (under the lock): a failure against its node if it never connected,
@@ -121,11 +121,11 @@ class PilotBook:
         log.warning("%s; no pilot on %s for %.0f s (%d failure(s) in a row)", f.reason, p.node,
                     f.until - now, f.failures)
 
-    def _release(self, node: str, job: str, why: str) -> bool:
+    def _release(self, node: str, job: str, why: str, cause: str = LEFT_PREEMPTED) -> bool:
         if self.held.get(node) != job:
             return False
         del self.held[node]
-        self.events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, detail=why))
+        self.events.append(Event(time.time(), EventKind.NODE_LEAVE, node=node, detail=why, cause=cause))
         return True
 
     # ---- what squeue says ---------------------------------------------------------------------

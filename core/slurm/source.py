@@ -24,9 +24,9 @@ finds that file adopts the running pilots squeue shows (their nodes count as hel
 a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
 A clean stop cancels every pilot and removes the file.
 
-Joins wait while more of our pilots are starting or about to be sent and joins keep coming
-(JoinHold): a cold start then reaches the controller as one decision instead of a grow per
-pilot, each a regroup that the last nodes no longer repay. Leaves never wait.
+Joins wait while any pilot of ours is still starting or about to be sent (JoinHold): a cold
+start or a burst then reaches the controller as one decision instead of a grow per pilot, each
+a regroup that the last nodes no longer repay. Leaves never wait.
 
 GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
 them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
@@ -59,9 +59,8 @@ from .watch import resolve_watch
 
 __all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
 log = logging.getLogger(__name__)
-#: a join waits for the pilots still starting only while joins keep coming: this long after the
-#: last one it goes (a node that frees up alone waits no longer than this) ...
-JOIN_QUIET_S = 10.0
+#: held joins go at the latest this many pilot connect timeouts after the first of them came
+JOIN_CAP_TIMEOUTS = 2
 #: squeue is the backstop for pilots that ended without a word (a pilot's own end closes its
 #: connection at once): read at every poll while a pilot of ours is pending or starting, else
 #: this often. sinfo is read at every poll: it finds the nodes to harvest.
@@ -70,41 +69,42 @@ SQUEUE_BACKSTOP_S = 5.0
 
 @dataclass
 class JoinHold:
-    """Joins wait while more of our pilots are starting, and reach the controller together.
+    """Joins wait while pilots of ours are starting, and reach the controller together.
 
     A cold start connects pilots one by one, milliseconds to seconds apart, in rounds of the
     submission batch. Handed over as they come, every join is a decision: the first job grows
     once per pilot or round, and once its pause has run out the last few nodes no longer repay a
-    regroup of all it holds (on 128 nodes a job stayed on 112 for minutes). Held while more
-    pilots are starting, they are one decision and no regroup. A fixed cap from the first join
-    split a slow cold start (128 pilots on 2 loaded cores took over 30 s to connect); the hold
-    now lasts while joins keep coming (`quiet_s` apart at most), never past `cap_s`: the time
-    the harvester waits for a pilot to connect before it cancels it. Leaves never wait, and a
-    node that leaves while its join waits never joins."""
+    regroup of all it holds (on 128 nodes a job stayed on 112 for minutes). So the joins wait
+    until every pilot sent has connected or been given up (`starting` false: a pilot counts as
+    starting for the pilot connect timeout at most, and one whose node was taken is cancelled at
+    the next squeue), never past `cap_s` after the first held join (a bound against endless
+    churn: the connect timeout counts from each pilot's submission, and the last of a
+    128-pilot cold start on 2 loaded cores connected 67 s after the first). A quiet gap between joins
+    is no sign that the round is over: on 2 loaded cores the last 16 of 128 pilots came more
+    than 10 s after the others. Leaves never wait, and a node that leaves while its join
+    waits never joins."""
 
     cap_s: float = SlurmSettings.pending_timeout_s
-    quiet_s: float = JOIN_QUIET_S
     held: list[Event] = field(default_factory=list)
     since: Optional[float] = None     # monotonic: when the oldest held join came
-    last: Optional[float] = None      # monotonic: when the newest held join came
 
     def pass_on(self, events: Sequence[Event], now: float, starting: bool) -> list[Event]:
         """What goes to the controller now of `events` and the joins held before; `starting`:
-        some pilot of ours is starting (sent, not connected, not yet given up on)."""
+        some pilot of ours is starting (sent, not connected, not yet given up on) or about to
+        be sent (free nodes left for the next poll by the batch or the rate)."""
         out: list[Event] = []
         for ev in events:
             if ev.kind is EventKind.NODE_JOIN:
                 self.held.append(ev)
                 self.since = now if self.since is None else self.since
-                self.last = now
                 continue
             if ev.kind is EventKind.NODE_LEAVE:
                 self.held = [j for j in self.held if j.node != ev.node]
             out.append(ev)
-        if self.held and (not starting or now - self.last >= self.quiet_s or now - self.since >= self.cap_s):
+        if self.held and (not starting or now - self.since >= self.cap_s):
             out, self.held = self.held + out, []
         if not self.held:
-            self.since = self.last = None
+            self.since = None
         return out
 
 
@@ -127,7 +127,7 @@ class SlurmSource(LiveNodeSource):
         self._thread: Optional[threading.Thread] = None
         self._wake: Optional[Callable[[], None]] = None
         self.hub: Optional[PilotHub] = None
-        self.joins = JoinHold(cap_s=s.pending_timeout_s)
+        self.joins = JoinHold(cap_s=JOIN_CAP_TIMEOUTS * s.pending_timeout_s)
         self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         self._squeue_at = -float("inf")   # monotonic: the last squeue read

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from ..model import Event, EventKind
+from ..model import LEFT_RECLAIMED, Event, EventKind
 from .base import LiveNodeSource
 
 
@@ -36,7 +36,8 @@ class StaticSource(LiveNodeSource):
             if (node in self._idle) == idle:
                 return
             (self._idle.add if idle else self._idle.discard)(node)
-            self._pending.append(Event(now, EventKind.NODE_JOIN if idle else EventKind.NODE_LEAVE, node=node))
+            self._pending.append(Event(now, EventKind.NODE_JOIN if idle else EventKind.NODE_LEAVE, node=node,
+                                       cause="" if idle else LEFT_RECLAIMED))
 
     def hold_out(self, node: str, why: str) -> None:
         """Never offer `node` (it failed its check, `why`) until staff release it."""

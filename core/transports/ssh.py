@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: ssh's own exit status for "could not connect / connection lost"
 SSH_FAILED = 255
+#: a liveness check's answer normally takes milliseconds over the master connection; one that
+#: has none within this counts as unanswered (the dispatcher wants two in a row before a node is lost)
+ALIVE_TIMEOUT_S = 3.0
 #: start() exit statuses chosen by the remote script
 _NO_WORKDIR, _NO_COMMAND, _NO_LOG, _NO_PID = 126, 127, 125, 124
 _MARK = "HVS"
@@ -212,12 +215,15 @@ class SshTransport(Transport):
 
     def __init__(self, config: Optional[str] = None, options: Sequence[str] = (),
                  connect_timeout: float = 5.0, ssh: str = "ssh", control_persist: int = 60,
-                 max_sessions: int = 8) -> None:
+                 max_sessions: int = 8, alive_timeout_s: float = ALIVE_TIMEOUT_S) -> None:
         """`config`: an ssh config file (`-F`; default: the user's and the system's).
+        `alive_timeout_s`: the most a liveness check may take, connection included (a node
+        whose link died answers never, and its check must not hold up the others').
         `options`: extra ssh arguments (e.g. ["-o", "User=alice"]), added before ours, which
         ssh then lets them override (the first value of an option wins)."""
         self.ssh, self.config, self.extra = ssh, config, list(options)
         self.connect_timeout = connect_timeout
+        self.alive_timeout_s = alive_timeout_s
         # a short private directory: a unix socket path must stay under ~104 bytes
         self._dir = tempfile.mkdtemp(prefix="hvssh-", dir="/tmp" if os.path.isdir("/tmp") else None)
         os.chmod(self._dir, 0o700)
@@ -257,14 +263,14 @@ class SshTransport(Transport):
             return t
 
     def run_script(self, node: NodeSpec, script: str, args: Sequence[str] = (),
-                   timeout: float = 30.0) -> subprocess.CompletedProcess:
+                   timeout: float = 30.0, limit: Optional[float] = None) -> subprocess.CompletedProcess:
         """Run a POSIX sh `script` (with `_LIB` loaded and $1.. = `args`) on the node.
         Raises TransportError on ssh's exit status 255 or when no answer comes in time."""
         _check_target(node)
         body = _LIB + "set -- " + " ".join(shlex.quote(a) for a in args) + "\n" + script
         cmd = [*self._base, "--", node.target, "sh -s"]
         t = self._target(node.target)
-        limit = timeout + self.connect_timeout
+        limit = timeout + self.connect_timeout if limit is None else limit
         with t.sem:
             if not t.warm:
                 with t.first:  # the first call alone creates the master
@@ -395,7 +401,7 @@ class SshTransport(Transport):
     def _alive_node(self, handles: list[Handle]) -> dict[Handle, bool]:
         script = ('while [ $# -ge 2 ]; do '
                   'if _alive "$1" "$2"; then echo "HVS $1 1"; else echo "HVS $1 0"; fi; shift 2; done')
-        r = self.run_script(handles[0].node, script, self._pairs(handles), timeout=15.0)
+        r = self.run_script(handles[0].node, script, self._pairs(handles), limit=self.alive_timeout_s)
         seen = {int(p[0]): p[1] == "1" for p in self._marked(r) if len(p) == 2}
         if r.returncode != 0 or len(seen) < len({h.pid for h in handles}):
             raise TransportError(handles[0].node.name, f"bad answer to a liveness check (exit {r.returncode})")
