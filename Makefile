@@ -50,6 +50,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.preemption
 	$(PY) -m bench.jpa
 	$(PY) -m bench.fairshare
+	$(PY) -m bench.faults
 	$(PY) -m bench.startup
 
 clean:

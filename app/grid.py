@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 from dash import Patch
 
-from core.snapshot import BUSY, HELD, IDLE, Snapshot
+from core.snapshot import BUSY, HELD, IDLE, LOST_PREFIX, Snapshot
 
 from .format import extent, gpus, plotly_text
 
@@ -194,6 +194,8 @@ def cells_of(snap: Snapshot, book: ColourBook) -> Cells:
                 text.append(f"{names.get(job, job)}{since}{own}")
         elif st == IDLE:
             text.append(f"idle{since}{own}")
+        elif info and info[i].startswith(LOST_PREFIX):
+            text.append(f"lost (held out){since}{own}")
         else:
             text.append(f"busy{since}{own}")
     return Cells(snap.seq, codes, tuple(text))

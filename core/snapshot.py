@@ -9,7 +9,10 @@ from typing import Optional
 from .counters import SOLVE_BUCKETS_S, SolveHistogram
 
 BUSY, IDLE, HELD = 0, 1, 2   # node codes in Snapshot.state
-__all__ = ["BUSY", "HELD", "IDLE", "SOLVE_BUCKETS_S", "Snapshot", "empty_snapshot"]
+#: a node's info line begins with this while it is held out for a fault of its own (not offered;
+#: the grid and /api/cluster call it "lost" rather than "busy")
+LOST_PREFIX = "lost "
+__all__ = ["BUSY", "HELD", "IDLE", "LOST_PREFIX", "SOLVE_BUCKETS_S", "Snapshot", "empty_snapshot"]
 
 
 @dataclass(frozen=True)

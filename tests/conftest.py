@@ -44,7 +44,7 @@ def small_jobs(tmp_path: Path) -> Path:
 #: modules that start Slurm daemons, make network namespaces or Unix accounts: one at a time
 HOST_GROUP = "host"
 _USES_HOST = re.compile(r"tests\.support\.(slurm|netns|accounts|slurm_accounting|slurm_chroot|slurm_init)\b"
-                        r"|netns_cluster|unix_account|bench\.(facility|preemption|slurm)\b")
+                        r"|netns_cluster|unix_account|bench\.(facility|preemption|slurm|faults)\b")
 _host_modules: dict[Path, bool] = {}
 
 

@@ -45,7 +45,7 @@ def test_live_harvesters_get_the_source_and_dispatcher_their_settings_name(tmp_p
     try:
         assert isinstance(local.dispatcher, WorkerDispatcher) and isinstance(local.dispatcher.transport, LocalTransport)
         assert local.require_command and local.jpa is not None and local.tick_s == 0.1
-        assert local.capabilities == Capabilities(runs_workers=True, operates_nodes=True)
+        assert local.capabilities == Capabilities(runs_workers=True, operates_nodes=True, clears_nodes=True)   # staff clear a node held out after a fault of its own
         assert local.dispatcher.report_base == "http://127.0.0.1:1/api/workers"
         assert local.dispatcher.logdir.name == "h.db.workers"
         assert local.source.node_names() == list(local.dispatcher.specs)

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from ..snapshot import LOST_PREFIX
+
 #: seconds from a node's loss to its first check; each failed check doubles the wait ...
 FIRST_CHECK_S = 2.0
 #: ... up to this: a node that recovers is offered again at most this long (plus one check) later
@@ -34,7 +36,7 @@ class Sick:
     def line(self, now: Optional[float] = None) -> str:
         """What the cluster page and /api/cluster say about the node."""
         now = time.time() if now is None else now
-        out = f"lost {_ago(now - self.since)} ago: {self.reason}"
+        out = f"{LOST_PREFIX}{_ago(now - self.since)} ago: {self.reason}"
         if self.checks:
             out += f"; {self.checks} check(s) failed since (last: {self.last_check})"
         return out + "; not offered until a check passes"
@@ -81,16 +83,19 @@ class NodeHealth:
         with self._lock:
             return self._sick.pop(node, None)
 
-    def failed(self, node: str, why: str) -> None:
-        """A check of `node` failed: the next waits twice as long, up to `max_check_s`."""
+    def failed(self, node: str, why: str) -> float:
+        """A check of `node` failed: the next waits twice as long, up to `max_check_s`. Returns
+        the wait (0 when the node is no longer held out)."""
         with self._lock:
             s = self._sick.get(node)
             if s is None:
-                return
+                return 0.0
             s.checks += 1
             s.last_check = why
             s.checking = False
-            s.next_at = time.monotonic() + min(self.max_check_s, self.first_check_s * 2 ** s.checks)
+            wait = min(self.max_check_s, self.first_check_s * 2 ** s.checks)
+            s.next_at = time.monotonic() + wait
+            return wait
 
     def clear(self, node: str) -> Optional[Sick]:
         """Staff vouch for the node: it is offered again at once."""

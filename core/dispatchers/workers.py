@@ -91,14 +91,15 @@ class WorkerDispatcher(Dispatcher):
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
                  crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0,
                  run_as: Optional[RunAs] = None, orphan_s: float = 0.0, adopt_s: float = 30.0,
-                 start_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 300.0, rendezvous_timeout_s: float = 60.0) -> None:
         """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
         whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too.
         `run_as`: the site's launcher, before the argv of a job that runs as its owner's account.
         `orphan_s` > 0 (workers that outlive the harvester: Slurm pilots): a worker that loses its
         job's store trains on and redials it that long, and after a restart each job's workers
         are waited for `adopt_s` to rejoin a coordinator on the same port, with the same secret.
-        A job that holds nodes and commits no step for `start_timeout_s` fails, with its reason."""
+        A job that holds nodes and commits no step for `start_timeout_s` fails, with its reason;
+        a torchrun generation whose ranks form no group within `rendezvous_timeout_s` too (restarts.py)."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
@@ -140,7 +141,8 @@ class WorkerDispatcher(Dispatcher):
         self._last_check = 0.0
         self.restarts = RestartJobs(transport, self.specs, self.logdir, self.launch, self._base_env,
                                     self._pool.submit, self._post, self._restart_lost, sample_s=sample_s,
-                                    start_timeout_s=start_timeout_s, interfaces=self.interfaces)
+                                    start_timeout_s=start_timeout_s, interfaces=self.interfaces,
+                                    rendezvous_timeout_s=rendezvous_timeout_s)
 
     # ---- what the controller asks ---------------------------------------------------------
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
@@ -494,7 +496,8 @@ class WorkerDispatcher(Dispatcher):
             alive = self.transport.alive_many([h for _, _, h in watched] + [h for _, _, h in restarted])
             unanswered = self._count_unanswered([h for _, _, h in watched + restarted], alive)
             self.restarts.check({h: True if ok is None and unanswered.get(h.node.name, 0) < UNANSWERED_CHECKS
-                                 else ok for h, ok in alive.items()})
+                                 else ok for h, ok in alive.items()},
+                                frozenset(h.node.name for h, ok in alive.items() if ok is None))
             down: dict[tuple[str, str], tuple[_Run, Handle, Optional[bool]]] = {}
             for run, key, handle in watched:
                 ok = alive.get(handle)
@@ -603,7 +606,8 @@ class WorkerDispatcher(Dispatcher):
         except Exception as e:         # a check must never kill the pool's thread
             why = f"{type(e).__name__}: {e}"
         if why:
-            self.node_health.failed(node, why)
+            wait_s = self.node_health.failed(node, why)
+            log.info("node %s still held out: its check failed (%s); checked again in %.0f s", node, why, wait_s)
             return
         sick = self.node_health.passed(node)
         if sick is not None:

@@ -248,7 +248,7 @@ class NetnsCluster:
             _ip("-n", ns, "link", "set", "eth0", "up", what=f"cannot bring {name}'s eth0 up")
             _ip("-n", ns, "link", "set", "lo", "up", what=f"cannot bring {name}'s lo up")
 
-        keys = make_keys(self.workdir / "keys")
+        keys = self.keys = make_keys(self.workdir / "keys")
         write_client_config(
             self.ssh_config,
             [*(((name,), addr, SSH_PORT) for name, addr in self.nodes.items()),
@@ -289,6 +289,27 @@ class NetnsCluster:
         """This cluster's namespaces and links that exist now, and processes alive in them."""
         mine = [name for name in namespaces() + links() if name.startswith(f"{self.tag}-")]
         return mine + [f"pid {pid}" for ns in self._made_ns if ns in mine for pid in netns_pids(ns)]
+
+    # --- failing and mending nodes ---------------------------------------------------------
+
+    def take_down(self, node: str) -> list[int]:
+        """The host dies: its link goes down, then its sshd and every process in it are killed
+        (SIGKILL, no word to anyone). Returns the PIDs killed."""
+        _ip("-n", self.namespaces[node], "link", "set", "eth0", "down", what=f"cannot take {node}'s link down")
+        server = self.sshd.pop(node, None)
+        if server is not None:
+            server.stop()
+        pids = self.pids(node)
+        kill_pids(pids)
+        return pids
+
+    def bring_back(self, node: str) -> None:
+        """The host recovers: its link up again and a fresh sshd on its address."""
+        _ip("-n", self.namespaces[node], "link", "set", "eth0", "up", what=f"cannot bring {node}'s link up")
+        if self.with_sshd and node not in self.sshd:
+            self.sshd[node] = start_node_sshd(
+                self.workdir / node, self.keys, self.namespaces[node], self.nodes[node], self.ssh_config,
+                (node,), SSH_PORT, self.dead_alias, self.ssh_timeout)
 
     # --- using the nodes -------------------------------------------------------------------
 
