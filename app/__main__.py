@@ -29,7 +29,7 @@ from core.admission import DEFAULT_USER_MAX_JOBS
 from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
 from core.settings import (CURVES, DEFAULT_JOBS, DEFAULT_TRACE, LOG_LEVELS, OBJECTIVES, POLICIES, QUEUE_ORDERS, HarvesterSettings,
-                           OptionError, Options, WebSettings, parse_tfwd)
+                           OptionError, Options, WebSettings, check_listeners, parse_tfwd, web_listen)
 
 from . import slurm_options
 from .webconfig import WebConfig
@@ -44,7 +44,8 @@ DEMO_VISITOR_SLOTS = 2
 #: settings whose option is not --NAME
 FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
          "live.workers.heartbeat_timeout_s": "--heartbeat-timeout",
-         "live.workers.start_timeout_s": "--start-timeout", "live.inventory": "--nodes", "live.profiler": "--no-profiler",
+         "live.workers.start_timeout_s": "--start-timeout", "live.workers.rendezvous_timeout_s": "--rendezvous-timeout",
+         "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
 
 
@@ -146,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
                       help="live: a job that holds nodes and makes no step (torchrun: prints no progress line) "
                            "this long fails, with its log's last line (default 300)")
+    live.add_argument("--rendezvous-timeout", type=float, default=Options.model_fields["rendezvous_timeout"].default,
+                      metavar="SECONDS",
+                      help="live: a torchrun generation whose ranks have not all joined rank 0's store and formed "
+                           "their process group this long after its start fails, naming the ranks that never "
+                           "arrived (default 60)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
@@ -229,7 +235,8 @@ def live_settings(args) -> dict:
             "report_url": f"http://{url_host(args.advertise or args.host)}:{args.port}/api/workers",
             "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
             "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout,
-                        "start_timeout_s": args.start_timeout}}
+                        "start_timeout_s": args.start_timeout,
+                        "rendezvous_timeout_s": args.rendezvous_timeout}}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live
@@ -240,11 +247,11 @@ def url_host(host: str) -> str:
 
 
 def listen_on(args, settings: HarvesterSettings) -> str:
-    """waitress's `listen`: the dashboard's --host, and where the nodes' workers report (live)."""
-    hosts = [args.host]
-    if settings.live is not None and settings.live.advertise:
-        hosts.append(settings.live.bind_host)
-    return " ".join(f"{url_host(h)}:{args.port}" for h in dict.fromkeys(hosts))
+    """waitress's `listen`: the dashboard's --host and, live, where the nodes' workers report
+    (--bind, else --advertise), one socket where a wildcard --host already covers that address;
+    each socket tried first (core.listeners), so settings that cannot listen are a SettingsError
+    naming the options, for --print-config as for a start, before anything is written."""
+    return web_listen(check_listeners(args.host, args.port, settings))
 
 
 def settings_from(args) -> HarvesterSettings:
@@ -355,6 +362,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = Options.load(flags)       # the flags over HARVEST_... over the --config file over the defaults
         web = WebConfig.of(args.web())
         settings = settings_from(args)
+        listen = listen_on(args, settings)
     except SettingsError as e:
         print(f"error: {render(e, args)}", file=sys.stderr)
         return 2
@@ -397,7 +405,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: {args.db}: the store cannot be read ({e}): move it aside (with its -wal and -shm "
                   "files) and start a new run, or restore a backup", file=sys.stderr)
             return 2
-        from .slowclients import serve
+        from .slowclients import create_server
         from .web import create_app
         app = create_app(harvester, users, web)
         url = f"http://{args.host}:{args.port}"
@@ -406,7 +414,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         if password:
             print(f"demo account: user 'demo' (staff), password '{password}'  "
                   f"(pass --users FILE for real accounts)", flush=True)
-        serve(app.server, web, listen=listen_on(args, settings), ident="harvester")
+        try:
+            server = create_server(app.server, web, listen=listen, ident="harvester")
+        except OSError as e:         # taken since the check: one line, the run saved as on a stop
+            print(f"error: cannot listen on {listen} (--host, --port, --advertise, --bind): {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
+        server.print_listen("Serving on http://{}:{}")
+        server.run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -12,10 +12,16 @@ model as the web form.
     POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
     GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
+    POST   /api/jobs/<id>/resubmit  a failed or cancelled job continued as a new one from its checkpoint
+                               -> 201 the new job | 401 | 403 | 404 | 409 (not ended so) | 422 (refused)
+    GET    /api/jobs/<id>/logs [?lines=40]; the job's owner or staff: each worker's log's last lines
+                               (an ended job's: read from its log files)
+    GET    /api/jobs/<id>/events [?after=0&limit=100]; its events, oldest first, each with its seq;
+                               `last` is the `after` of the next look, `next` the next page
     POST   /api/replay/<pause|resume|speed>    staff only; pause and resume take no body (or an ignored
                                                JSON object), speed {"speed": 1..3600}
     POST   /api/nodes/<name>/<reclaim|release> staff only, live mode with a static node source
-    POST   /api/nodes/<name>/clear         staff only, Slurm source: a node skipped after failed pilots gets one again
+    POST   /api/nodes/<name>/clear         staff only: a node held out after a fault of its own (lost), or skipped after failed Slurm pilots, is offered again
     POST   /api/workers/<job>/report           a job's workers, with the job's own token
     GET    /api/usage[.csv]    staff: node-seconds, GPU-seconds and samples [?from=&to=&by=owner|job|account]
 
@@ -30,7 +36,7 @@ import io
 import math
 from datetime import datetime, timezone
 from typing import Callable, Optional
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import flask
 from flask import jsonify, request
@@ -41,15 +47,15 @@ from werkzeug.routing import Map, RequestRedirect, Rule
 from core.explain import horizon_of, why
 from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
-from core.service import USAGE_BY, Unsupported
+from core.service import USAGE_BY, Conflict, Unsupported
 from core.settings import SPEED_MAX, SPEED_MIN
-from core.snapshot import BUSY, HELD
+from core.snapshot import BUSY, HELD, LOST_PREFIX
 
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
-from .openapi import (EPOCH_MAX, EPOCH_MIN, LOG_LINES_DEFAULT, LOG_LINES_MAX, OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX,
-                      document as api_document)
+from .openapi import (EPOCH_MAX, EPOCH_MIN, EVENTS_DEFAULT, EVENTS_MAX, LOG_LINES_DEFAULT, LOG_LINES_MAX,
+                      OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX, SEQ_MAX, document as api_document)
 from .signin import Refused
 
 STATE_NAMES = {BUSY: "busy", HELD: "harvested"}
@@ -198,6 +204,8 @@ def cluster():
                                                   snap.slots or [1] * len(snap.nodes))]
         for row, info in zip(body["nodes"], snap.node_info):
             row["source"] = info
+            if row["state"] == "busy" and info.startswith(LOST_PREFIX):
+                row["state"] = "lost"         # held out for a fault of its own until a check passes
     return jsonify(body)
 
 
@@ -253,6 +261,10 @@ def job(job_id):
     st = h.worker_status(job_id) or job.story
     if job.failure:
         body["failure"] = job.failure
+    if job.resubmitted_from:
+        body["resubmitted_from"] = job.resubmitted_from
+    if job.requeues:
+        body["requeues"] = job.requeues
     if st:
         body["workers"] = {k: st.get(k) for k in ("generation", "world_size", "nodes", "members", "regrouping",
                                                  "committed_step", "loss", "losses", "metrics", "lost", "last_rescale",
@@ -296,6 +308,22 @@ def job_logs(job_id):
     return jsonify({"job": job_id, "state": job.state.value, "workers": workers})
 
 
+@bp.get("/jobs/<job_id>/events")
+def job_events(job_id):
+    """The job's events from the store, oldest first, after the sequence number `after`: a page
+    of at most `limit`, and `last` to ask after next time (open to read, as the job page is)."""
+    if context.harvester.job(job_id) is None:
+        return _err(404, f"no job {job_id}")
+    after = _whole_arg("after", 0, SEQ_MAX)
+    limit = _whole_arg("limit", EVENTS_DEFAULT, EVENTS_MAX, least=1)
+    rows = context.history.job_events_after(job_id, after, limit + 1)
+    more, rows = len(rows) > limit, rows[:limit]
+    last = rows[-1]["seq"] if rows else after
+    nxt = f"/api/jobs/{quote(job_id, safe='')}/events?" + urlencode({"after": last, "limit": limit}) if more else None
+    return jsonify({"job": job_id, "events": rows, "count": len(rows), "after": after, "limit": limit,
+                    "last": last, "next": nxt})
+
+
 @bp.post("/jobs")
 def submit():
     user = context.current_user()
@@ -322,6 +350,37 @@ def submit():
                                                 "state": job.state.value})
     resp.status_code = 201
     resp.headers["Location"] = f"/api/jobs/{job.id}"
+    return resp
+
+
+@bp.post("/jobs/<job_id>/resubmit")
+def resubmit(job_id):
+    """A failed or cancelled job continued as a new job (its owner's) from its last checkpoint
+    and sample count, registered as any job is: the old one's owner or staff."""
+    _, refused = _owned_job(job_id, "resubmit it")
+    if refused:
+        return refused
+    _, bad = _body_object("nothing")
+    if bad:
+        return bad
+    user = context.current_user()
+    h = context.harvester
+    try:
+        job = h.resubmit(job_id, user.name, staff=user.is_staff, unix=user.unix)
+    except KeyError:
+        return _err(404, f"no job {job_id}")
+    except (Conflict, Unsupported) as e:
+        return _err(409, str(e))
+    except ValueError as e:
+        field, _, msg = str(e).partition(": ")
+        return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
+    except RuntimeError as e:
+        return _err(503, str(e))
+    info = h.snapshot.job(job.id)
+    body = _job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value}
+    resp = jsonify({**body, "resubmitted_from": job_id})
+    resp.status_code = 201
+    resp.headers["Location"] = f"/api/jobs/{quote(job.id, safe='')}"
     return resp
 
 
@@ -396,7 +455,8 @@ def worker_report(job_id):
 @bp.post("/nodes/<node>/<command>")
 def node(node, command):
     """Staff play the node owner on a static source (take a node back, give it again), or clear
-    a Slurm node skipped after failed pilots so that it gets one again at once."""
+    a node held out after a fault of its own (or a Slurm node skipped after failed pilots) so
+    that it is offered again at once."""
     refused = _not_staff("reclaim, release or clear nodes")
     if refused:
         return refused
@@ -407,7 +467,7 @@ def node(node, command):
     if bad:
         return bad
     if command == "clear" and not h.capabilities.clears_nodes:
-        return _err(409, "this server's node source skips no node after failures")
+        return _err(409, "this server holds no node out after failures (simulated workers, or a replay)")
     if command != "clear" and not h.capabilities.operates_nodes:
         return _err(409, "this server's node source is not operated by hand")
     try:

@@ -26,9 +26,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Iterator, NotRequired, Optional, Required, TypedDict, Union, Unpack
+from typing import Any, Callable, Iterator, NotRequired, Optional, Required, TypedDict, Union, Unpack
 
-__all__ = ["ApiError", "Client", "FINISHED", "Failure", "Job", "JobFailed", "JobFields", "Logs", "Workers"]
+__all__ = ["ApiError", "Client", "Event", "FINISHED", "Failure", "Job", "JobFailed", "JobFields", "Logs",
+           "Workers"]
 
 #: the states a job never leaves
 FINISHED: tuple[str, ...] = ("done", "failed", "cancelled")
@@ -90,6 +91,17 @@ class Failure(TypedDict):
     address: str                   # rendezvous: the host:port that could not be reached ("" otherwise)
 
 
+class Event(TypedDict):
+    """One of a job's events, as `GET /api/jobs/<id>/events` gives them: `seq` increases, so a
+    script asks for those after the last it has seen."""
+
+    seq: int
+    time: float                    # epoch seconds (a replay: its own clock)
+    kind: str                      # "job_submit", "probe", "job_rescaled", "job_trouble", "job_done", ...
+    node: Optional[str]
+    detail: Optional[str]
+
+
 class Logs(TypedDict):
     """`GET /api/jobs/<id>/logs`: the last lines of each worker's log, rank 0's worker first."""
 
@@ -133,6 +145,8 @@ class Job(TypedDict):
     why: NotRequired[str]
     run_as: NotRequired[str]                 # the Unix account its command runs as, where the site maps logins
     failure: NotRequired[Optional[Failure]]  # a failed job: why (absent or None otherwise)
+    resubmitted_from: NotRequired[str]       # the failed or cancelled job it continues (`resubmit`)
+    requeues: NotRequired[int]               # times a failure of its nodes only sent it back to the queue
 
 
 class ApiError(Exception):
@@ -218,6 +232,14 @@ class Client:
         you are not staff, 404 when there is no such job, 409 when it has already ended."""
         return self._request("DELETE", f"/api/jobs/{_quote(job_id)}")
 
+    def resubmit(self, job_id: str) -> Job:
+        """Continue a failed or cancelled job as a new one (a new id; `resubmitted_from` names the
+        old one) from its last checkpoint and sample count: samples it did are not done again.
+        Checked as a new registration is (ApiError 422 with `field_errors`, e.g. too many jobs);
+        ApiError 403 someone else's job and you are not staff, 404 no such job, 409 the job has
+        not failed nor been cancelled (or its checkpoint cannot be copied)."""
+        return self._request("POST", f"/api/jobs/{_quote(job_id)}/resubmit")
+
     def watch(self, job_id: str, poll_s: float = 1.0) -> Iterator[Job]:
         """The job every `poll_s` seconds, ending with the first answer in a final state: for a
         script that acts while a job trains (reads its loss, cancels it) and then goes on."""
@@ -228,13 +250,26 @@ class Client:
                 return
             time.sleep(poll_s)
 
+    def events(self, job_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        """The job's events with a `seq` above `after`, oldest first (page after page of `limit`,
+        1 to 1000): `events(id, after=last_seq)` asks only for what is new. ApiError 404 no job."""
+        query: Optional[str] = urllib.parse.urlencode({"after": after, "limit": limit})
+        path: Optional[str] = f"/api/jobs/{_quote(job_id)}/events?{query}"
+        out: list[Event] = []
+        while path:
+            page = self._request("GET", path)
+            out += page["events"]
+            path = page.get("next")
+        return out
+
     def wait(self, job_id: str, states: tuple[str, ...] = FINISHED, timeout: Optional[float] = None,
-             poll_s: float = 1.0, check: bool = False) -> Job:
+             poll_s: float = 1.0, check: bool = False, progress: Optional[Callable[[Job], None]] = None) -> Job:
         """The job once it is in one of `states`; TimeoutError after `timeout` seconds (None:
         no limit), since waiting too long is the caller's limit, not the server's refusal.
         It also returns when the job ends in a state outside `states`: nothing would change.
         With `check`, a job that ended "failed" raises JobFailed (why it failed, its log's
-        last lines) instead of being returned."""
+        last lines) instead of being returned. `progress`, when given, is called with the job at
+        every look that does not return (to show how far it is)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
@@ -242,6 +277,8 @@ class Client:
                 raise JobFailed(job)
             if job["state"] in states or job["state"] in FINISHED:
                 return job
+            if progress is not None:
+                progress(job)
             if deadline is not None and time.monotonic() + poll_s > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout:g} s")
             time.sleep(poll_s)

@@ -67,7 +67,7 @@ def given_figure(job, info: dict, measured: list[dict]) -> dict:
                      "marker": {"color": MEASURED_COLOUR, "size": 9, "symbol": "diamond"}})
     n = info["nodes"]
     if n:
-        data.append({"type": "scatter", "mode": "markers", "name": f"now: {n} nodes", "x": [n],
+        data.append({"type": "scatter", "mode": "markers", "name": f"now: {_nodes(n)}", "x": [n],
                      "y": [job.curve(n)], "marker": {"color": NOW_COLOUR, "size": 14, "symbol": "star"}})
     return {"data": data, "layout": _layout(job, "Scaling curve", [], [])}
 

@@ -5,15 +5,17 @@
               --global-batch 64 -- .venv/bin/python examples/digits_cnn.py --lr 0.1)
     harvest status                               # every job, a table; `harvest status $JOB`: one line
     harvest wait $JOB --timeout 3600             # 0 done; 1 failed (why, and its log's last lines) or cancelled
-    harvest logs $JOB --lines 100                # each worker's log, rank 0's first
+    harvest watch $JOB                           # its events, state, size and progress until it ends
+    harvest logs $JOB --lines 100                # each worker's log, rank 0's first (an ended job's too)
     harvest cancel $JOB
+    NEW=$(harvest resubmit $JOB)                 # a failed or cancelled job, continued from its checkpoint
 
 The server's address: --url, else $HARVEST_URL, else the one `login` saved. `login` keeps the
 token (never the password) with that address in a file only you may read: $HARVEST_TOKEN_FILE,
 else ~/.config/harvest/token ($XDG_CONFIG_HOME/harvest/token); the token goes to that address
-only. Exit status: 0 done, 1 the job failed or was cancelled (`wait`), 2 an error (one line
-`harvest: error: ...`: the server refused, cannot be reached, or a wrong argument), 124 `wait`
-ran past --timeout.
+only. Exit status: 0 done, 1 the job failed or was cancelled (`wait`, `watch`) or has no
+worker logs (`logs`), 2 an error (one line `harvest: error: ...`: the server refused, cannot be
+reached, or a wrong argument), 124 `wait` ran past --timeout.
 """
 from __future__ import annotations
 
@@ -23,14 +25,19 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from app.client import FINISHED, ApiError, Client, Job, JobFailed
+from app.client import FINISHED, ApiError, Client, Event, Job, JobFailed
 
 PROG = "harvest"
 EXIT_OK, EXIT_JOB, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2, 124
 DEFAULT_LINES = 40
+#: `wait`: seconds between progress lines when only the progress moved
+PROGRESS_EVERY_S = 5.0
+#: `watch`: seconds it waits for the end's own event once the job has ended
+END_GRACE_S = 4.0
 
 #: `submit`'s flags: (flag, the job's field, type)
 FIELDS: tuple[tuple[str, str, type], ...] = (
@@ -227,9 +234,41 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class ProgressLines:
+    """`wait`'s lines on stderr while it waits: one when the job's state or size changes, else
+    one when its progress has moved and `every` seconds have passed since the last."""
+
+    def __init__(self, every: float = PROGRESS_EVERY_S) -> None:
+        self.every, self.shown, self.at = every, None, float("-inf")
+
+    def __call__(self, job: Job) -> None:
+        now = time.monotonic()
+        state = (job["state"], job.get("nodes"))
+        moved = _progress(job) != (self.shown[1] if self.shown else None)
+        if self.shown is None or state != self.shown[0] or (moved and now - self.at >= self.every):
+            print(f"{PROG}: {progress_line(job)}", file=sys.stderr, flush=True)
+            self.shown, self.at = (state, _progress(job)), now
+
+
+def progress_line(job: Job) -> str:
+    """`u-1a2b running 13.5% on 2 nodes, 190 samples/s, ETA 12:40:03`: how far a job is, short."""
+    text = f"{job['id']} {job['state']} {_progress(job)}"
+    nodes = job.get("nodes")
+    if nodes:
+        text += f" on {nodes} node{'' if nodes == 1 else 's'}"
+    rate = job.get("samples_per_second")
+    if job["state"] == "running" and isinstance(rate, (int, float)) and rate > 0:
+        text += f", {rate:,.0f} samples/s"
+    eta = job.get("eta")
+    if job["state"] == "running" and isinstance(eta, (int, float)) and eta > 0:
+        text += f", ETA {time.strftime('%H:%M:%S', time.localtime(eta))}"
+    return _clean(text)
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
     try:
-        job = client(args).wait(args.job, timeout=args.timeout, poll_s=args.poll, check=True)
+        job = client(args).wait(args.job, timeout=args.timeout, poll_s=args.poll, check=True,
+                                progress=None if args.quiet else ProgressLines())
     except JobFailed as e:
         print(job_line(e.job))
         print("\n".join(failure_lines(e.job)))
@@ -247,16 +286,75 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_resubmit(args: argparse.Namespace) -> int:
+    """The new job's id on stdout (as `submit`), where it continues from on stderr."""
+    job = client(args).resubmit(args.job)
+    print(job["id"])
+    print(f"{PROG}: job {_clean(job['id'])} continues job {_clean(args.job)} from its checkpoint, "
+          f"{_progress(job)} done", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     logs = client(args).logs(args.job, lines=args.lines)
     workers = logs.get("workers") or {}
     if not workers:
-        print(f"{PROG}: job {_clean(args.job)} ({logs.get('state', '?')}) has no worker logs", file=sys.stderr)
+        state = logs.get("state", "?")
+        why = ("none has started yet" if state in ("queued", "running") else
+               "its workers left no log files (simulated workers write none)")
+        print(f"{PROG}: job {_clean(args.job)} ({_clean(state)}) has no worker logs: {why}", file=sys.stderr)
+        return EXIT_JOB
     for i, (worker, lines) in enumerate(workers.items()):
         print(("\n" if i else "") + f"==> {_clean(worker)} <==")
         for line in lines:
             print(_clean(line))
     return EXIT_OK
+
+
+def _clock(t: Any) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "--:--:--"
+
+
+def event_line(ev: Event) -> str:
+    """`12:03:05 probe local-1: probe at 3 nodes: ...`: one of the job's events."""
+    where = f" {ev['node']}" if ev.get("node") else ""
+    detail = f": {ev['detail']}" if ev.get("detail") else ""
+    return _clean(f"{_clock(ev.get('time'))} {ev.get('kind', '?')}{where}{detail}")
+
+
+#: the kinds of event a job's end writes (`watch` waits a little for it once the job has ended)
+END_EVENTS = ("job_done", "job_failed", "job_cancel")
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """The job's state, size, progress and events as they change, until it ends."""
+    api = client(args)
+    last, shown, said, ended_at = 0, None, None, None
+    while True:
+        job = api.job(args.job)
+        events = api.events(args.job, after=last)
+        for ev in events:
+            print(event_line(ev), flush=True)
+            last = max(last, int(ev.get("seq") or 0))
+        state = (job["state"], job.get("nodes"))
+        if state != shown:
+            why = job.get("why")
+            print(f"{_clock(time.time())} {progress_line(job)}" + (_clean(f": {why}") if why else ""), flush=True)
+            shown, said = state, _progress(job)
+        elif _progress(job) != said:
+            print(f"{_clock(time.time())} {progress_line(job)}", flush=True)
+            said = _progress(job)
+        if job["state"] in FINISHED:
+            ended_at = ended_at or time.monotonic()
+            # the store keeps events within a second or so: show the end's own before going
+            if any(ev.get("kind") in END_EVENTS for ev in events) or time.monotonic() - ended_at > END_GRACE_S:
+                break
+            time.sleep(min(args.poll, 0.5))
+            continue
+        time.sleep(args.poll)
+    if job["state"] == "failed":
+        print("\n".join(failure_lines(job)))
+    return EXIT_OK if job["state"] == "done" else EXIT_JOB
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -269,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
     ap = argparse.ArgumentParser(prog=PROG, description="The idle-node harvester's JSON API from a shell: log in, "
                                                         "submit jobs, follow them, read their workers' logs.",
-                                 epilog="Exit status: 0 ok, 1 the job failed or was cancelled (wait), 2 an error, "
-                                        "124 wait timed out.")
+                                 epilog="Exit status: 0 ok, 1 the job failed or was cancelled (wait, watch) or has "
+                                        "no worker logs (logs), 2 an error, 124 wait timed out.")
     ap.add_argument("--url", default=None, help=URL_HELP)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -309,15 +407,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB")
     p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (default: never)")
     p.add_argument("--poll", type=float, default=2.0, metavar="S", help="seconds between looks (default 2)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help=f"no progress lines on stderr (default: one when the state or size changes, and "
+                        f"one at most every {PROGRESS_EVERY_S:g} s while the progress moves)")
     p.set_defaults(run=cmd_wait)
+
+    p = sub.add_parser("watch", parents=[common], help="follow a job: state, size, progress and events until it ends",
+                       description="Follow a job: a line for each of its events and each change of its state, "
+                                   "size or progress, until it ends; then as wait: exit 0 when it is done, 1 when "
+                                   "it failed (printing why) or was cancelled. Ctrl-C stops watching (exit 130); "
+                                   "the job goes on.")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--poll", type=float, default=2.0, metavar="S", help="seconds between looks (default 2)")
+    p.set_defaults(run=cmd_watch)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a job (yours, or any as staff)")
     p.add_argument("job", metavar="JOB")
     p.set_defaults(run=cmd_cancel)
 
+    p = sub.add_parser("resubmit", parents=[common],
+                       help="continue a failed or cancelled job from its checkpoint; prints the new job's id",
+                       description="Register a failed or cancelled job again as a new job that starts from its "
+                                   "last checkpoint and sample count (its owner, or staff). Prints the new id.")
+    p.add_argument("job", metavar="JOB")
+    p.set_defaults(run=cmd_resubmit)
+
     p = sub.add_parser("logs", parents=[common], help="the last lines of each worker's log",
                        description="The last lines of each of the job's worker logs, rank 0's worker first "
-                                   "(the job's owner or staff).")
+                                   "(the job's owner or staff); of a job that has ended, its log files' last "
+                                   "lines. Exit 1 when the job has none (not started yet, or simulated "
+                                   "workers).")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--lines", "-n", type=int, default=DEFAULT_LINES, metavar="N",
                    help=f"lines per worker, 1 to 500 (default {DEFAULT_LINES})")

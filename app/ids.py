@@ -53,6 +53,7 @@ JOB_PROBES_BOX, JOB_PROBES_TITLE = "job-probes-box", "job-probes-title"
 JOB_EVENTS = "job-events"
 JOB_CANCEL, JOB_CANCEL_RESULT = "job-cancel", "job-cancel-result"
 JOB_CANCEL_CONFIRM = "job-cancel-confirm"     # asks before the job is cancelled
+JOB_RESUBMIT, JOB_RESUBMIT_RESULT = "job-resubmit", "job-resubmit-result"   # a failed or cancelled job, continued
 
 # allocator page
 SOLVER_RUNS, SOLVE_HIST, DECISIONS, EVENT_LOG = "solver-runs", "solve-hist", "decisions", "event-log"

@@ -13,6 +13,8 @@ from core.settings import SPEED_MAX, SPEED_MIN
 PAGE_DEFAULT, PAGE_MAX = 1000, 10000      # GET /api/jobs: jobs per page by default, at most
 OFFSET_MAX = 2**31 - 1                    # GET /api/jobs: the largest offset (past the last job: an empty page)
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 40, 500  # GET /api/jobs/<id>/logs: lines per worker by default, at most
+EVENTS_DEFAULT, EVENTS_MAX = 100, 1000     # GET /api/jobs/<id>/events: events per page by default, at most
+SEQ_MAX = 2**63 - 1                       # GET /api/jobs/<id>/events: the largest `after` (SQLite's largest row id)
 EPOCH_MIN, EPOCH_MAX = -62135596800, 253402300799   # GET /api/usage: from/to, year 1 to 9999 in epoch seconds
 
 REF = "#/components/schemas/{model}"
@@ -77,7 +79,13 @@ def document(version: str = "1") -> dict:
                                           "description": "one job: the Unix account its command runs as, where "
                                                          "the site maps logins (absent: the harvester's own)"},
                                "failure": {"anyOf": [{"$ref": REF.format(model="Failure")}, {"type": "null"}],
-                                           "description": "one failed job: why it failed (absent otherwise)"}}},
+                                           "description": "one failed job: why it failed (absent otherwise)"},
+                               "resubmitted_from": {"type": "string",
+                                                    "description": "the failed or cancelled job it continues "
+                                                                   "(absent: none)"},
+                               "requeues": {"type": "integer",
+                                            "description": "one job: times a failure of its nodes only sent it "
+                                                           "back to the queue (absent: none)"}}},
         "Failure": {"type": "object", "required": ["kind", "message"],
                     "properties": {"kind": {"type": "string",
                                             "description": 'what went wrong: "command_not_found", "exception", '
@@ -94,11 +102,29 @@ def document(version: str = "1") -> dict:
                                 "workers": {"type": "object",
                                             "additionalProperties": {"type": "array", "items": {"type": "string"}},
                                             "description": "each worker's log's last lines, rank 0's worker first"}}},
+        "Event": {"type": "object", "required": ["seq", "time", "kind"],
+                  "properties": {"seq": {"type": "integer", "description": "its sequence number: increasing, "
+                                                                           "the `after` of the next look"},
+                                 "time": {"type": "number", "description": "epoch seconds (a replay: its clock)"},
+                                 "kind": {"type": "string", "description": 'e.g. "job_submit", "probe", '
+                                                                           '"job_rescaled", "job_trouble", '
+                                                                           '"node_leave", "job_done", "job_failed"'},
+                                 "node": {"type": ["string", "null"]}, "detail": {"type": ["string", "null"]}}},
+        "Events": {"type": "object", "required": ["job", "events", "count", "after", "limit", "last", "next"],
+                   "properties": {"job": {"type": "string"},
+                                  "events": {"type": "array", "items": {"$ref": REF.format(model="Event")}},
+                                  "count": {"type": "integer"}, "after": {"type": "integer"},
+                                  "limit": {"type": "integer"},
+                                  "last": {"type": "integer", "description": "the last event's seq (`after` when "
+                                                                             "none came): ask again after it"},
+                                  "next": {"type": ["string", "null"], "description":
+                                           "the next page's URL while more events are stored; null on the last"}}},
         "NodeCommand": {"type": "object", "required": ["node", "command"],
                         "properties": {"node": {"type": "string"},
                                        "command": {"enum": ["reclaim", "release", "clear"]},
                                        "cleared": {"type": "boolean",
-                                                   "description": "clear: whether the node was being skipped"}}},
+                                                   "description": "clear: whether the node was held out "
+                                                                  "or being skipped"}}},
         "JobList": {"type": "object", "required": ["jobs"],
                     "properties": {"jobs": {"type": "array", "items": {"$ref": REF.format(model="Job")}},
                                    "count": {"type": "integer"}, "total": {"type": "integer"},
@@ -193,6 +219,21 @@ def document(version: str = "1") -> dict:
                        "responses": {**_ok("cancelled", "Job"), **AUTH_ERRORS, "404": _error("no such job"),
                                      "409": _error("the job has already ended"),
                                      "503": _error("the harvester is not running")}}},
+        "/api/jobs/{job_id}/resubmit": {
+            "parameters": [job_id],
+            "post": {"summary": "continue a failed or cancelled job as a new one from its last checkpoint (its "
+                                "owner, or staff)", "security": secured, "requestBody": NO_BODY,
+                     "description": "The new job (a new id, the old one's owner and fields, `resubmitted_from` "
+                                    "naming the old one) starts from a copy of the old one's checkpoint folder at "
+                                    "the samples that checkpoint holds, and is registered as any job is: the same "
+                                    "rules and quotas, nothing stored when refused.",
+                     "responses": {**_ok("the new job (Location: its URL)", "Job", "201"), **BAD_BODY,
+                                   **AUTH_ERRORS, "404": _error("no such job"),
+                                   "409": _error("the job has not failed nor been cancelled, its checkpoint "
+                                                 "cannot be copied, or the replay has ended"),
+                                   "422": _error("refused as a new registration would be (`errors` says why: "
+                                                 "too many jobs of its owner, a command no longer allowed, ...)"),
+                                   "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}/logs": {
             "parameters": [job_id],
             "get": {"summary": "the last lines of each of the job's worker logs (its owner, or staff)",
@@ -205,6 +246,22 @@ def document(version: str = "1") -> dict:
                                                 "or given twice"),
                                   "401": AUTH_ERRORS["401"],
                                   "403": _error("the job is someone else's (only its owner and staff read its logs)"),
+                                  "404": _error("no such job")}}},
+        "/api/jobs/{job_id}/events": {
+            "parameters": [job_id],
+            "get": {"summary": "the job's events, oldest first, a page at a time",
+                    "description": "Its registration, probes, regroups, troubles, lost nodes and its end, as the "
+                                   "store keeps them (within a second or two of when they happen). Follow a job "
+                                   "by asking again with `after` set to the answer's `last`.",
+                    "parameters": [{"name": "after", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX},
+                                    "description": "only events with a seq above this (default 0: from the first)"},
+                                   {"name": "limit", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 1, "maximum": EVENTS_MAX},
+                                    "description": f"events per page (default {EVENTS_DEFAULT})"}],
+                    "responses": {**_ok("the events", "Events"),
+                                  "400": _error(f"after or limit is not a whole number in range (limit 1 to "
+                                                f"{EVENTS_MAX}), or a parameter is given twice"),
                                   "404": _error("no such job")}}},
         **{f"/api/replay/{command}": {"post": {
             "summary": summary, "security": secured, "requestBody": NO_BODY,
@@ -235,7 +292,8 @@ def document(version: str = "1") -> dict:
                           **usage_errors}}},
         "/api/nodes/{node}/{command}": {"post": {
             "summary": "take a node back, or give it again (staff, live mode with a static node list); "
-                       "clear a Slurm node skipped after failed pilots (staff)",
+                       "clear a node held out after a fault of its own, or a Slurm node skipped after "
+                       "failed pilots (staff)",
             "security": secured,
             "parameters": [{"name": "node", "in": "path", "required": True, "schema": {"type": "string"}},
                            {"name": "command", "in": "path", "required": True,

@@ -56,6 +56,12 @@ class History:
         return self.rows("select time, kind, node, detail from events where job = ? order by id desc "
                          "limit ?", (job, limit))
 
+    def job_events_after(self, job: str, after: int, limit: int) -> list[dict]:
+        """The job's events with a sequence number (the store's row id) above `after`, oldest
+        first, at most `limit`: the API's page of them."""
+        return self.rows("select id as seq, time, kind, node, detail from events where job = ? and id > ? "
+                         "order by id limit ?", (job, after, limit))
+
     def job_row(self, job: str) -> Optional[dict]:
         rows = self.rows("select * from jobs where id = ?", (job,))
         return rows[0] if rows else None

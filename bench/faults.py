@@ -137,12 +137,12 @@ def submit(app: AppProcess, token: str, launcher: str, pace: PaceFile, steps: in
     return job["id"]
 
 
-def one_loss(cluster: NetnsCluster, watch: Watch, launcher: str, down_s: float) -> Loss:
+def one_loss(cluster: NetnsCluster, watch: Watch, launcher: str, down_s: float, turn: int = 0) -> Loss:
     jid = watch.jobs[launcher]
     victims = until(lambda: len(watch.holders(jid)) == PER_JOB, 120, f"the {launcher} job on {PER_JOB} hosts") \
         and watch.holders(jid)
     until(lambda: time.monotonic() - watch.moved.get(jid, 0.0) < 1.0, 120, f"the {launcher} job training")
-    node = sorted(victims)[-1]
+    node = sorted(victims)[turn % len(victims)]      # each of the job's hosts in turn
     loss = Loss(launcher, node, time.monotonic(), time.time())
     cluster.take_down(node)
     loss.detected = until(lambda: node not in watch.holders(jid), 60, f"{node}'s loss noticed")
@@ -195,7 +195,8 @@ def run(rounds: int, down_s: float, folder: Path) -> dict:
             jobs = {name: submit(app, token, name, pace, steps, folder) for name in ("runtime", "torchrun")}
             watch = Watch(app, jobs)
             threading.Thread(target=watch.run, daemon=True, name="faults-watch").start()
-            losses = [one_loss(cluster, watch, ("runtime", "torchrun")[i % 2], down_s) for i in range(2 * rounds)]
+            losses = [one_loss(cluster, watch, ("runtime", "torchrun")[i % 2], down_s, i // 2)
+                      for i in range(2 * rounds)]
             pace.release()
             until(lambda: all(watch.states.get(j) in ("done", "failed", "cancelled") for j in jobs.values()),
                   600, "both jobs ended", period=0.5)
@@ -251,13 +252,14 @@ def table(out: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=10, help="host losses per launcher (default 10)")
-    ap.add_argument("--down", type=float, default=50.0,
-                    help="seconds a host stays dead (default 50: longer than a torchrun job's restart)")
+    ap.add_argument("--down", type=float, default=None,
+                    help="seconds a host stays dead (default 50, 30 with --quick: longer than a torchrun job's restart)")
     ap.add_argument("--quick", action="store_true", help="one loss per launcher (the chaos test)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
     ap.add_argument("--keep", default=None, help="a folder for the hosts, the store and the logs, kept afterwards")
     args = ap.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
+    args.down = args.down if args.down is not None else 30.0 if args.quick else 50.0
     if rounds < 1 or args.down <= 0:
         ap.error("--rounds must be at least 1 and --down positive")
     if args.keep:

@@ -28,8 +28,8 @@ COMMANDS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("python -c pass (bare interpreter)", ("-c", "pass"), False),
     ("python -m app --help", ("-m", "app", "--help"), True),
     ("python -m app --print-config", ("-m", "app", "--print-config"), True),
-    ("python -m app --print-config --config deploy/harvester.toml",
-     ("-m", "app", "--print-config", "--config", "deploy/harvester.toml"), True),
+    ("python -m app --print-config --config deploy/harvester.toml --bind 127.0.0.1",     # (its head's name
+     ("-m", "app", "--print-config", "--config", "deploy/harvester.toml", "--bind", "127.0.0.1"), True),  # not here)
     ("import core.assemble, app.web (what --help avoids)",
      ("-c", "import core.assemble, app.web"), False),
 )

@@ -136,8 +136,7 @@ def hub_settings(live: LiveSettings) -> SlurmSettings:
     s = live.slurm
     if not (live.advertise or live.bind):
         return s
-    hub_host = live.bind_host if s.hub_host == SlurmSettings.hub_host else s.hub_host
-    return replace(s, hub_host=hub_host, advertise=s.advertise or live.dial_host)
+    return replace(s, hub_host=live.hub_host, advertise=s.advertise or live.dial_host)
 
 
 def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
@@ -152,7 +151,8 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             stop_grace_s=w.stop_grace_s, vacate_grace_s=w.vacate_grace_s,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
                             crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
-                            start_timeout_s=w.start_timeout_s, run_as=live.launcher,
+                            start_timeout_s=w.start_timeout_s, rendezvous_timeout_s=w.rendezvous_timeout_s,
+                            run_as=live.launcher,
                             orphan_s=live.slurm.orphan_timeout_s if live.dispatcher == "pilot" else 0.0)
 
 

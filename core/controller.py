@@ -31,6 +31,7 @@ from .objective import Problem
 from .policies import make_policy
 from .quotas import Quotas
 from .reclaim_order import ReclaimOrder
+from .requeue import MAX_REQUEUES, second_chance
 from .slots import Slots
 from .picture import picture
 from .snapshot import Snapshot
@@ -106,16 +107,17 @@ class Controller:  # one step reads and writes the same node and job state; the 
                 self._batch.node(n, True, now)
             self._batch.meta["config"] = asdict(self.config)
 
-    def submit(self, job: Job, durable: bool = False) -> None:
+    def submit(self, job: Job, durable: bool = False, detail: str = "") -> None:
         """Register a job; it is queued and considered at the next step. `durable` writes it to
-        the store before returning, so a job a person registered survives a crash right after."""
+        the store before returning, so a job a person registered survives a crash right after;
+        `detail`: what its submit event says (a resubmitted job: where it continues from)."""
         with self.lock:
             if job.id in self.jobs or job.id in self.submitted:
                 raise ValueError(f"job id {job.id} already exists")
             if durable and self.store is not None:
                 self.store.write(Batch(jobs={job.id: job_row(job)}))   # StoreWriteError: not registered
             self.submitted[job.id] = job
-            self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id))
+            self._inbox.append(Event(self.clock.now(), EventKind.JOB_SUBMIT, job=job.id, detail=detail))
 
     def cancel(self, job_id: str, durable: bool = False) -> None:
         with self.lock:
@@ -187,12 +189,14 @@ class Controller:  # one step reads and writes the same node and job state; the 
             gone: dict[str, float] = {}
             by_kind = self.counters.by_kind
             for ev in batch:
+                ev = self._second_chance(ev)     # a failure of its nodes only: a requeue (core/requeue.py)
                 self._log(ev)
                 by_kind[ev.kind.value] = by_kind.get(ev.kind.value, 0) + 1
                 kind = ev.kind
                 if kind is EventKind.NODE_LEAVE:
                     changed |= self._leave(ev, lost, gone)
-                elif kind in (EventKind.JOB_DONE, EventKind.JOB_FAILED, EventKind.JOB_CANCEL):
+                elif kind in (EventKind.JOB_DONE, EventKind.JOB_FAILED, EventKind.JOB_CANCEL) or (
+                        kind is EventKind.JOB_REQUEUE and ev.failure):
                     if lost:
                         self._vacate(lost, now)
                         lost = {}
@@ -336,10 +340,26 @@ class Controller:  # one step reads and writes the same node and job state; the 
                 self._batch.node(n, True, self.idle[n])
         return nodes
 
+    def _second_chance(self, ev: Event) -> Event:
+        """A running job's JOB_FAILED, or the JOB_REQUEUE that replaces it when its nodes failed
+        it, not itself (core/requeue.py)."""
+        job = self.jobs.get(ev.job) if ev.kind is EventKind.JOB_FAILED and ev.job else None
+        if job is None or job.id not in self.running:
+            return ev
+        return second_chance(ev, job.requeues) or ev
+
     def _end(self, ev: Event, now: float) -> bool:
         job = self.jobs.get(ev.job) or self.submitted.get(ev.job)
         if job is None or job.state.finished:
             return False
+        if ev.kind is EventKind.JOB_REQUEUE:       # its nodes failed it: queued again, not ended
+            if job.id not in self.running:
+                return False
+            job.requeues += 1
+            log.info("job %s back to the queue (%d of %d): %s", job.id, job.requeues, MAX_REQUEUES,
+                     (ev.failure or {}).get("message") or ev.detail)
+            self._requeue(job.id, now, ev.detail)
+            return True
         if ev.kind is EventKind.JOB_CANCEL and job.id in self.submitted:
             self.submitted.pop(job.id)
             self.jobs[job.id] = job
@@ -423,20 +443,25 @@ class Controller:  # one step reads and writes the same node and job state; the 
         """Enough idle nodes for the job's minimum, and its owner within their period quotas."""
         return can_start(job.min_nodes, idle) and self.quota.may_run(job.owner)
 
-    def _requeue(self, jid: str, now: float) -> None:
-        """A running job that holds no node and cannot start goes back to the queue, where it
-        keeps its place (its progress is kept; it starts again when enough nodes are idle)."""
+    def _requeue(self, jid: str, now: float, logged: str = "") -> None:
+        """A running job goes back to the queue, where it keeps its place (its progress is kept;
+        it starts again when enough nodes are idle): one that holds no node and cannot start, or
+        one its nodes failed (`logged`: the JOB_REQUEUE already in its events, core/requeue.py)."""
         job = self.jobs[jid]
         self.dispatcher.stop(job, now)
         self.running.pop(jid, None)
-        self.held.pop(jid, None)
+        before = self._release(job)
         self.rescaling_until.pop(jid, None)
         self.advice.ran(jid, 0, now)
         job.state = JobState.QUEUED
         if not job.samples_done:
             job.start_time = None
         self.queue.push(job)
+        if before:
+            self._record_change(job, before, [], now, "requeued")
         self._batch.jobs[jid] = job_row(job)
+        if logged:
+            return
         why = self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
         log.info("job %s back to the queue: %s", jid, why)
         self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: {why}"))

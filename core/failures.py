@@ -57,6 +57,15 @@ _PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken p
                    r"ProcessGroupNCCL.*(?:Watchdog|timeout)|NCCL communicator was aborted", re.I)
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill", re.I)
 _NOT_FOUND = re.compile(r"command not found|No such file or directory|can't open file", re.I)
+#: lines every rank prints that say nothing about the job: c10d's and glog's own lines ("[W1129
+#: 03:27:47.25 socket.cpp:1028] [c10d] The hostname of the client socket cannot be retrieved"),
+#: the C++ frames c10 prints with them, Python's warnings and the source line after one, NCCL's
+#: INFO lines, gloo's connection report
+KNOWN_WARNINGS = re.compile(
+    r"^\s*\[[WI]\d{4} [\d:.]+ [^\]]*\]|^\s*\[[WI] [\w.]+:\d+\]|^\s*\[Gloo\] |\bNCCL INFO\b|"
+    r"^\s*Exception raised from .* \(most recent call first\):$|^\s*frame #\d+: |^\s*<omitting python frames>$|"
+    r"^\s*(?:UserWarning|FutureWarning|DeprecationWarning): ")
+_PY_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")   # warnings.warn's line; the source line follows it
 
 
 @dataclass
@@ -130,7 +139,7 @@ def from_exit(tail: Sequence[str], exit_status: Optional[int], node: Optional[st
     its exit status (negative: the signal that killed it)."""
     tail = [line.rstrip() for line in tail if line.strip()]
     text = "\n".join(tail)
-    last = _last_error(text) or (tail[-1] if tail else "")
+    last = _last_error(text) or last_line(tail)
     if _OOM.search(text):
         return named(OUT_OF_MEMORY, last or "out of memory", node, tail)
     if _TRACEBACK in text:
@@ -177,6 +186,29 @@ def from_error_text(text: str, node: Optional[str] = None, tail: Sequence[str] =
     if _OOM.search(text):
         return named(OUT_OF_MEMORY, text[:300], node, tail)
     return named(OTHER, text[:300], node, tail)
+
+
+def last_line(lines: Sequence[str]) -> str:
+    """The last line of output that says something: known warnings (`KNOWN_WARNINGS`, a Python
+    warning with its source line) are skipped; the last line where nothing else is left."""
+    kept = [line.rstrip() for line in lines if line.strip()]
+    for i in range(len(kept) - 1, -1, -1):
+        line = kept[i]
+        if KNOWN_WARNINGS.search(line) or _PY_WARNING.search(line):
+            continue
+        if i > 0 and line[:1].isspace() and _PY_WARNING.search(kept[i - 1]):
+            continue
+        return line
+    return kept[-1] if kept else ""
+
+
+def raised_during(failure: Failure, where: str) -> Failure:
+    """A script's exception after the job made progress (`where`: "at step 120", "after 7,680
+    samples") is no start error: its hint says so. Other kinds are left as they are."""
+    if failure.kind == EXCEPTION and where:
+        failure.hint = (f"the script raised this during training, {where}; the traceback is in its log's "
+                        f"last lines below")
+    return failure
 
 
 def _last_error(text: str) -> str:

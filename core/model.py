@@ -157,6 +157,8 @@ class Job:
     run_as: str = ""                    # real workers: the owner's Unix account ('': the harvester's own)
     failure: Optional[dict] = None      # why it failed (core.failures.Failure as a dict), kept after its end
     story: Optional[dict] = None        # real workers: its losses, generations and last metrics, kept after its end
+    resubmitted_from: str = ""          # the failed or cancelled job it continues (from its checkpoint), if any
+    requeues: int = 0                   # times a failure of its nodes only sent it back to the queue (core.requeue)
 
     def __post_init__(self) -> None:
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:

@@ -48,8 +48,8 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
     for job in ctl.submitted.values():
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
                      "nodes": 0, "slots": slots.same, "ranks": 0, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
-                     "priority": job.priority, "samples_per_second": 0.0, "samples_done": 0.0,
-                     "total_samples": job.total_samples, "progress": 0.0, "eta": None,
+                     "priority": job.priority, "samples_per_second": 0.0, "samples_done": job.samples_done,
+                     "total_samples": job.total_samples, "progress": job.samples_done / job.total_samples, "eta": None,
                      "submit_time": job.submit_time, "start_time": None, "end_time": None,
                      "confidence": ("given" if job.given_curve else "prior") if advisor is not None
                      else "given", **quota.lines(job.owner, job.state.finished, held_by)})

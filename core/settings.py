@@ -19,6 +19,7 @@ from .controller_config import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import InputError, SettingsError
 from .inventory import MAX_SLOTS
 from .jpa import JPAConfig
+from .listeners import Listener, check_listeners, web_listen
 from .objective import OBJECTIVES
 from .policies import POLICIES
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
@@ -31,7 +32,7 @@ from .transports.runas import UNIX_NAME, RunAs
 __all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "OBJECTIVES", "POLICIES", "QUEUE_ORDERS",
            "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
            "SettingsError", "SlurmSettings", "UNIX_NAME", "WorkerSettings", "check_speed", "parse_tfwd", "split_list",
-           "Options", "OptionError", "Origin", "WebSettings"]
+           "Options", "OptionError", "Origin", "WebSettings", "Listener", "check_listeners", "web_listen"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
 #: a host name or an IPv4/IPv6 address (no port, no spaces)
@@ -64,6 +65,7 @@ class WorkerSettings(_Settings):
     crash_window_s: float = DEFAULT_CRASH_WINDOW_S   # losses older than this no longer count
     heartbeat_timeout_s: float = 15.0  # a worker silent this long (hung, stopped) loses its node
     start_timeout_s: float = 300.0   # a job holding nodes with no step (progress line) this long fails
+    rendezvous_timeout_s: float = 60.0   # a torchrun generation whose ranks form no group this long fails
     sample_s: float = 5.0            # seconds of one generation per throughput sample
 
     @field_validator("crash_window_s")
@@ -73,7 +75,7 @@ class WorkerSettings(_Settings):
             raise SettingsError("", "must be a number of seconds from 1 to 2592000 (30 days)")
         return v
 
-    @field_validator("heartbeat_timeout_s", "start_timeout_s")
+    @field_validator("heartbeat_timeout_s", "start_timeout_s", "rendezvous_timeout_s")
     @classmethod
     def _heartbeat(cls, v: float) -> float:
         if not (math.isfinite(v) and 1 <= v <= 3600):
@@ -198,6 +200,17 @@ class LiveSettings(_Settings):
     def bind_host(self) -> str:
         """Where the harvester's servers for the nodes listen (one interface, not all)."""
         return self.bind or self.dial_host
+
+    @property
+    def hub_on_bind(self) -> bool:
+        """The Slurm pilot hub listens where the servers for the nodes do: --slurm-hub left at its
+        default while --advertise or --bind is given (the one address story)."""
+        return self.slurm.hub_host == SlurmSettings.hub_host and bool(self.advertise or self.bind)
+
+    @property
+    def hub_host(self) -> str:
+        """Where the Slurm pilot hub listens."""
+        return self.bind_host if self.hub_on_bind else self.slurm.hub_host
 
     @property
     def dispatcher(self) -> Dispatch:
@@ -509,6 +522,7 @@ class Options(BaseSettings):
     crash_window: float = DEFAULT_CRASH_WINDOW_S
     heartbeat_timeout: float = WorkerSettings().heartbeat_timeout_s
     start_timeout: float = WorkerSettings().start_timeout_s
+    rendezvous_timeout: float = WorkerSettings().rendezvous_timeout_s
     no_profiler: bool = False
     # web server
     threads: int = _D_WEB.threads

@@ -34,6 +34,7 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "nodes_now": int, "samples_per_second": float, "command": str, "global_batch": int,
         "given_curve": str, "launcher": str, "progress_pattern": str, "stop_grace_seconds": float,
         "run_as": str, "failure": str, "story": str, "samples_per_step": float,
+        "resubmitted_from": str, "requeues": int,
     }, {"pk": "id"}),
     "nodes": ({"name": str, "state": str, "since": float, "job": str, "idle_since": float}, {"pk": "name"}),
     "events": ({"id": int, "time": float, "kind": str, "node": str, "job": str, "detail": str},
@@ -157,6 +158,7 @@ def job_row(job: Job, nodes: Iterable[str] = (), rate: float = 0.0) -> dict:
         "samples_per_step": job.samples_per_step or None,
         "failure": json.dumps(job.failure) if job.failure else None,
         "story": json.dumps(job.story) if job.story else None,
+        "resubmitted_from": job.resubmitted_from or None, "requeues": job.requeues or None,
     }
 
 
@@ -175,7 +177,8 @@ def job_from_row(row: dict) -> tuple[Job, list[str]]:
         launcher=row.get("launcher") or LAUNCHER_RUNTIME,
         progress_pattern=row.get("progress_pattern") or DEFAULT_PROGRESS_PATTERN,
         stop_grace_seconds=row["stop_grace_seconds"] if row.get("stop_grace_seconds") is not None else 30.0,
-        run_as=row.get("run_as") or "", samples_per_step=row.get("samples_per_step") or 0.0, failure=_json_dict(row.get("failure")), story=_json_dict(row.get("story")))
+        run_as=row.get("run_as") or "", samples_per_step=row.get("samples_per_step") or 0.0, failure=_json_dict(row.get("failure")), story=_json_dict(row.get("story")),
+        resubmitted_from=row.get("resubmitted_from") or "", requeues=row.get("requeues") or 0)
     return job, json.loads(row["nodes"] or "[]")
 
 

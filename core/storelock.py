@@ -74,6 +74,24 @@ class StoreLock:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         return fd
 
+    def holder(self) -> Optional[int]:
+        """The PID of another live process that holds this store's lock, read without locking or
+        writing anything (a check before a start); None when there is none: no lock file, no PID
+        in it, or one no longer running."""
+        try:
+            pid = int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        if pid <= 0 or pid == os.getpid():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass                  # another account's process: alive
+        return pid
+
     def release(self) -> None:
         """Remove each lock file (still holding it, so nobody locks the removed file), then drop it."""
         for path, fd in reversed(self._held):

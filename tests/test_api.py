@@ -349,6 +349,34 @@ def test_a_curve_as_lists_is_accepted_too(app, tokens):
 def test_missing_job_is_404(app):
     status, body = app.get("/api/jobs/u-00000000")
     assert status == 404 and "u-00000000" in body["error"]
+    status, body = app.get("/api/jobs/u-00000000/events")
+    assert status == 404 and "u-00000000" in body["error"]
+
+
+def test_a_jobs_events_come_oldest_first_a_page_at_a_time_after_a_sequence_number(app, tokens):
+    """GET /api/jobs/<id>/events: the job's own events from the store, each with its seq; `last`
+    is what to ask after next time, `next` the following page while more are stored."""
+    jid = new_job(app, tokens["alice"], name="events")
+    assert app.request("DELETE", f"/api/jobs/{jid}", token=tokens["alice"])[0] == 200
+    events = lambda query="": app.get(f"/api/jobs/{jid}/events{query}")[1]
+    wait(lambda: {"job_submit", "job_cancel"} <= {e["kind"] for e in events()["events"]}, 10,
+         "the job's submission and cancellation in the store", events)
+    every = events()
+    rows, seqs = every["events"], [e["seq"] for e in every["events"]]
+    assert seqs == sorted(set(seqs)) and [e["time"] for e in rows] == sorted(e["time"] for e in rows), rows
+    assert every["count"] == len(rows) and every["last"] == seqs[-1] and every["next"] is None, every
+    assert every["after"] == 0 and every["limit"] == 100 and set(rows[0]) == {"seq", "time", "kind", "node", "detail"}
+    page, pages = events("?limit=1"), 1
+    got = page["events"]
+    while page["next"]:
+        page = app.get(page["next"])[1]
+        got, pages = got + page["events"], pages + 1
+    assert got == rows and pages == len(rows), (got, rows)
+    assert events(f"?after={seqs[0]}")["events"] == rows[1:]
+    nothing = events(f"?after={seqs[-1]}")
+    assert nothing["events"] == [] and nothing["last"] == seqs[-1] and nothing["next"] is None, nothing
+    theirs = app.get("/api/jobs/S1/events")[1]["events"]
+    assert theirs and not {e["seq"] for e in theirs} & set(seqs), "another job's events are its own"
 
 
 # ---- 3. no write without a login -----------------------------------------------------------
@@ -470,6 +498,29 @@ def test_staff_may_cancel_anyones_job(app, tokens):
     assert status == 409, body
 
 
+def test_a_cancelled_job_is_resubmitted_as_a_new_job_of_its_owner(app, tokens):
+    """POST /api/jobs/<id>/resubmit in a replay: the owner's or staff's, only once the job has
+    failed or been cancelled; the new job (201, Location) is stored at once, names the old one
+    and continues from its samples."""
+    job = new_job(app, tokens["alice"], name="alice's to continue")
+    status, body = app.request("POST", f"/api/jobs/{job}/resubmit", token=tokens["alice"])
+    assert status == 409 and "only a failed or cancelled job" in body["error"], body
+    assert app.request("DELETE", f"/api/jobs/{job}", token=tokens["alice"])[0] == 200
+    assert app.request("POST", f"/api/jobs/{job}/resubmit", token=tokens["bob"])[0] == 403
+    assert app.request("POST", f"/api/jobs/{job}/resubmit")[0] == 401
+    assert app.request("POST", "/api/jobs/u-deadbeef/resubmit", token=tokens["alice"])[0] == 404
+    status, hdrs, body = call(app, "POST", f"/api/jobs/{job}/resubmit", token=tokens["staff1"])
+    assert status == 201, body
+    new = body["id"]
+    assert hdrs["Location"] == f"/api/jobs/{new}" and new != job and body["owner"] == "alice", body
+    assert body["resubmitted_from"] == job and stored_state(app, new) in ("queued", "running")
+    one = app.get(f"/api/jobs/{new}")[1]
+    assert one["resubmitted_from"] == job and one["name"] == "alice's to continue", one
+    assert one["samples_done"] >= app.get(f"/api/jobs/{job}")[1]["samples_done"]
+    assert job_state(app, job) == "cancelled"
+    app.request("DELETE", f"/api/jobs/{new}", token=tokens["alice"])
+
+
 def test_a_user_cannot_cancel_the_job_sets_jobs(app, tokens):
     # S1 arrives 60 simulated seconds after the start (half a second at 120x)
     assert wait(lambda: app.get("/api/jobs/S1")[0] == 200, 6.0, period=0.1, fail=False), app.get("/api/health")
@@ -564,7 +615,9 @@ def test_a_method_an_api_route_does_not_take_is_a_405_naming_the_ones_it_does(ap
     ("/api/jobs?limit=%D9%A1", 400), ("/api/jobs?offset=", 400), ("/api/jobs?limit=1" + "0" * 5000, 400),
     ("/api/jobs?state=", 422), ("/api/jobs?state=queued&state=done", 400), ("/api/jobs?owner=a&owner=b", 400),
     ("/api/jobs?limit=5&limit=6", 400), ("/api/cluster?nodes=yes", 400), ("/api/cluster?nodes=0&nodes=1", 400),
-    ("/api/jobs/S1/logs?lines=2&lines=3", 400), ("/api/jobs/S1/logs?lines=0", 400)])
+    ("/api/jobs/S1/logs?lines=2&lines=3", 400), ("/api/jobs/S1/logs?lines=0", 400),
+    ("/api/jobs/S1/events?limit=0", 400), ("/api/jobs/S1/events?limit=1001", 400), ("/api/jobs/S1/events?after=-1", 400),
+    ("/api/jobs/S1/events?after=1&after=2", 400), ("/api/jobs/S1/events?after=9223372036854775808", 400)])
 def test_a_query_argument_the_document_does_not_allow_is_refused(app, tokens, query, expected):
     status, body = app.get(query, token=tokens["staff1"])
     assert status == expected and body["error"], (query, status, body)

@@ -16,12 +16,14 @@ from tests.support.server import start_app
 schemathesis = pytest.importorskip("schemathesis", reason="make test installs requirements-dev.txt")
 from openapi_spec_validator import validate  # noqa: E402
 
-#: the two exceptions to "every check on every operation", as (check, operation)
-EXEMPT = {("use_after_free", "GET /api/jobs/{job_id}"), ("use_after_free", "GET /api/jobs/{job_id}/logs")}
+#: the exceptions to "every check on every operation", as (check, operation)
+EXEMPT = {("use_after_free", "GET /api/jobs/{job_id}"), ("use_after_free", "GET /api/jobs/{job_id}/logs"),
+          ("use_after_free", "GET /api/jobs/{job_id}/events")}
 #: generated cases per operation and phase: ~1,400 requests in all, 10-30 s
 EXAMPLES = 60
 OPERATIONS = ["POST /api/token", "GET /api/health", "GET /api/cluster", "GET /api/jobs", "POST /api/jobs",
               "GET /api/jobs/{job_id}", "DELETE /api/jobs/{job_id}", "GET /api/jobs/{job_id}/logs",
+              "GET /api/jobs/{job_id}/events", "POST /api/jobs/{job_id}/resubmit",
               "POST /api/replay/pause", "POST /api/replay/resume", "POST /api/replay/speed",
               "POST /api/nodes/{node}/{command}", "GET /api/usage", "GET /api/usage.csv"]
 #: The run's settings: every check is on (schemathesis's default; `--checks all` on its command
@@ -45,10 +47,13 @@ database = "none"
 include-name = "POST /api/jobs"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "409", "422", "429", "503"]
 [[operations]]
+include-name = "POST /api/jobs/{{job_id}}/resubmit"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422", "503"]
+[[operations]]
 include-name = ["GET /api/usage", "GET /api/usage.csv"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403"]
 [[operations]]
-include-name = ["GET /api/jobs/{{job_id}}", "GET /api/jobs/{{job_id}}/logs"]
+include-name = ["GET /api/jobs/{{job_id}}", "GET /api/jobs/{{job_id}}/logs", "GET /api/jobs/{{job_id}}/events"]
 checks.use_after_free.enabled = false
 """
 

@@ -46,7 +46,7 @@ def test_the_startup_benchmark_runs_every_command():
     rows = last_json(r)
     assert [row["command"] for row in rows][1:4] == [
         "python -m app --help", "python -m app --print-config",
-        "python -m app --print-config --config deploy/harvester.toml"]
+        "python -m app --print-config --config deploy/harvester.toml --bind 127.0.0.1"]
     assert all(row["best_s"] > 0 and row["x_bare"] > 0 for row in rows)
     assert [row["goal_s"] is not None for row in rows] == [False, True, True, True, False]
     assert "python -m app --help" in r.stdout and "goal" in r.stdout.splitlines()[0]

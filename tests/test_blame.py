@@ -161,3 +161,31 @@ def test_one_nodes_own_error_does_not_fail_the_job_and_a_killed_node_is_held_out
     finally:
         h.close()
     wait(lambda: not leftovers(job.id), 15, "every worker process gone")
+
+
+def test_a_generation_started_after_a_liveness_check_is_not_judged_by_it(tmp_path):
+    """The issue's "node2 did not answer a liveness check" while only node3 had died: a torchrun
+    generation started between a liveness check's send and its answer is absent from that
+    answer, and was read as dead. Real rank processes (local transport)."""
+    from core.dispatchers.restarts import RestartJobs, _Gen, _RestartRun
+    from core.model import Curve, Job
+    from core.transports.base import NodeSpec
+    from core.transports.local import LocalTransport
+    t = LocalTransport()
+    specs = {n: NodeSpec(n) for n in ("n1", "n2")}
+    lost: list[tuple[str, str]] = []
+    jobs = RestartJobs(t, specs, tmp_path, lambda job, node, env, log: t.start(node, ["sleep", "60"], env, "", log),
+                       dict, lambda fn, *a: fn(*a), lambda ev: None, lambda j, n, f: lost.append((n, f.message)))
+    job = Job(id="j", min_nodes=1, max_nodes=2, total_samples=1e9, curve=Curve((1,), (1.0,)), launcher="torchrun",
+              command=("sleep", "60"))
+    run = jobs.runs["j"] = _RestartRun(job, tmp_path / "ckpt", target=["n1", "n2"], progress_at=time.monotonic())
+    old = {"n1": t.start(specs["n1"], ["sleep", "60"], {}, "", str(tmp_path / "old.log"))}
+    run.gen = _Gen(1, ["n1", "n2"], {k: t.start(specs[k], ["sleep", "60"], {}, "", str(tmp_path / f"{k}.log"))
+                                     for k in ("n1", "n2")}, started_at=time.monotonic())
+    try:
+        jobs.check({old["n1"]: None})          # the answer to a check sent before this generation began
+        assert lost == [] and len(run.gen.handles) == 2, "a generation the check never saw is not dead"
+        jobs.check({h: True for h in run.gen.handles.values()})
+        assert lost == [] and len(run.gen.handles) == 2
+    finally:
+        t.stop_many([*old.values(), *run.gen.handles.values()], 0.5)

@@ -20,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ def test_staff_reclaim_and_release_a_node_through_the_client(app, alice):
     for call, status, words in ((lambda: alice.reclaim(node), 403, "only staff"),
                                 (lambda: Client(app.url).release(node), 401, "log in"),
                                 (lambda: staff.reclaim("no-such-node"), 404, "no node no-such-node"),
-                                (lambda: staff.clear(node), 409, "skips no node")):
+                                (lambda: staff.clear(node), 409, "holds no node out")):
         with pytest.raises(ApiError) as refused:
             call()
         assert refused.value.status == status and words in refused.value.message, refused.value
@@ -370,3 +371,109 @@ def test_the_workers_logs_through_the_client_and_the_command(local, failed, tmp_
     r = harvest("logs", job_id, "--lines", "5", env=env)
     assert r.returncode == 0 and r.stdout.startswith("==> ") and "boom: the last line" in r.stdout, r
     _one_error_line(harvest("logs", job_id, "--lines", "501", env=env), "400", "lines")
+
+
+# ---- following a job: its events, `harvest watch`, `harvest wait`'s progress, an ended job's logs ----
+
+FOLLOWED = {"min_nodes": 1, "max_nodes": 2, "total_samples": 1500, "curve": "1:100, 2:190",
+            "scale_up_seconds": 0, "scale_down_seconds": 0}     # ~8 s on 2 simulated nodes
+
+
+def _percent(line: str) -> float:
+    return float(next(w for w in line.split() if w.endswith("%"))[:-1])
+
+
+def test_harvest_watch_streams_a_jobs_events_and_progress_until_it_ends(app, alice, tmp_path):
+    env = _env(tmp_path, HARVEST_URL=app.url, HARVEST_PASSWORD=password("alice"))
+    assert harvest("login", "alice", env=env).returncode == 0
+    jid = alice.submit(name="watched", **FOLLOWED)["id"]
+    r = harvest("watch", jid, "--poll", "0.3", env=env, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r
+    lines = r.stdout.splitlines()
+    events = alice.events(jid)
+    kinds = [e["kind"] for e in events]
+    assert "job_submit" in kinds and kinds[-1] == "job_done", events
+    shown = [line.split()[1] for line in lines if f" {jid} " not in line]       # the event lines, in order
+    assert shown == kinds, (shown, kinds)
+    running = [line for line in lines if f" {jid} running " in line]
+    assert running and "samples/s" in running[-1], lines
+    percents, said = [_percent(x) for x in running], [x.split(" ", 1)[1] for x in running]
+    assert percents == sorted(percents) and all(a != b for a, b in zip(said, said[1:])), running   # a line per change
+    assert any(f" {jid} done 100.0%" in line for line in lines), lines
+    assert lines.index(next(x for x in lines if x.split()[1] == "job_done")) > lines.index(running[0])
+
+    # the client: every event after a sequence number, page after page
+    assert alice.events(jid, limit=1) == events
+    assert alice.events(jid, after=events[0]["seq"]) == events[1:]
+    assert alice.events(jid, after=events[-1]["seq"]) == []
+    with pytest.raises(ApiError) as missing:
+        alice.events("u-nope")
+    assert missing.value.status == 404
+
+    # a cancelled job: watch says so and exits 1 as wait does; Ctrl-C stops watching, not the job
+    long_id = alice.submit(name="watched long", **LONG)["id"]
+    watcher = subprocess.Popen([sys.executable, "-m", "app.harvest_cli", "watch", long_id, "--poll", "0.3"], cwd=ROOT,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait(lambda: alice.job(long_id)["state"] == "running", 20, "the long job to run")
+    alice.cancel(long_id)
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 1 and err == "", (out, err)
+    assert "job_cancel" in out and f"{long_id} cancelled" in out, out
+    other = alice.submit(name="watched, then left", **LONG)["id"]
+    watcher = subprocess.Popen([sys.executable, "-m", "app.harvest_cli", "watch", other, "--poll", "0.3"], cwd=ROOT,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait(lambda: alice.job(other)["state"] == "running", 20, "the other job to run")
+        time.sleep(1.5)                                  # past its first look
+        watcher.send_signal(2)                           # Ctrl-C
+        out, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 130 and "Traceback" not in err, (out, err)
+        assert alice.job(other)["state"] == "running", "watching is not the job: it goes on"
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        alice.cancel(other)
+
+
+def test_harvest_wait_says_how_far_the_job_is_while_it_waits(app, alice, tmp_path):
+    env = _env(tmp_path, HARVEST_URL=app.url, HARVEST_PASSWORD=password("alice"))
+    assert harvest("login", "alice", env=env).returncode == 0
+    jid = alice.submit(name="waited", **FOLLOWED)["id"]
+    r = harvest("wait", jid, "--poll", "0.1", "--timeout", "60", env=env)
+    assert r.returncode == 0 and r.stdout.startswith(f"{jid} done 100.0%"), r
+    progress = r.stderr.splitlines()
+    assert progress and all(line.startswith(f"harvest: {jid} ") for line in progress), progress
+    assert any(" running " in line and " samples/s" in line for line in progress), progress
+    # a line when the state or size changes, else one per 5 s of progress: a few, not one per look (~80)
+    assert len(progress) <= 6, progress
+    quiet = alice.submit(name="waited quietly", **FOLLOWED)["id"]
+    r = harvest("wait", quiet, "--poll", "0.1", "--timeout", "60", "--quiet", env=env)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith(f"{quiet} done"), r
+    r = harvest("logs", quiet, env=env)              # simulated workers write no log: said, and exit 1
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr.strip() == f"harvest: job {quiet} (done) has no worker logs: its workers left no log files " \
+                               "(simulated workers write none)", r.stderr
+
+
+def test_an_ended_jobs_logs_are_read_from_its_log_files(local, tmp_path):
+    """A job that is done (its workers gone, no failure to keep a tail): its log file's last
+    lines, through the API, the client and `harvest logs`; its owner's and staff's only."""
+    api = Client.login(local.url, "alice", password("alice"))
+    script = ("import time\nfor i in range(1, 6):\n    print(f'line {i} samples={i * 128}', flush=True)\n"
+              "    time.sleep(0.2)\n")
+    jid = api.submit(name="ends", launcher="torchrun", min_nodes=1, max_nodes=1, total_samples=640, curve="1:100",
+                     command=[sys.executable, "-c", script])["id"]
+    assert api.wait(jid, timeout=90, poll_s=0.2)["state"] == "done"
+    files = sorted((Path(str(local.db) + ".workers") / jid).glob("*.log"))
+    assert files, "the job's log file is on disk"
+    logs = api.logs(jid, lines=2)
+    assert logs["state"] == "done" and list(logs["workers"].values()) == [["line 4 samples=512", "line 5 samples=640"]]
+    assert Client.login(local.url, "staff1", password("staff1")).logs(jid, lines=2) == logs
+    with pytest.raises(ApiError) as not_yours:
+        Client.login(local.url, "bob", password("bob")).logs(jid)
+    assert not_yours.value.status == 403
+    env = _env(tmp_path, HARVEST_URL=local.url, HARVEST_PASSWORD=password("alice"))
+    assert harvest("login", "alice", env=env).returncode == 0
+    r = harvest("logs", jid, "-n", "3", env=env)
+    assert r.returncode == 0 and r.stderr == "", r
+    assert r.stdout.splitlines()[1:] == ["line 3 samples=384", "line 4 samples=512", "line 5 samples=640"], r.stdout

@@ -201,3 +201,33 @@ def test_a_reclaimed_job_is_refilled_for_what_outlasts_its_pause():
     clock.advance_to(T0 + 500)
     ctl.step([Event(T0 + 500, EventKind.NODE_JOIN, node=victim)])
     assert len(ctl.held["J"]) == 3 and victim not in ctl.held["J"]
+
+
+def test_a_lost_node_is_no_preemption_and_teaches_the_horizon_nothing():
+    """A node lost for a fault of its own (a leave with cause `lost`) leaves its job like any
+    leave, but is recorded as `lost`, not counted as a preemption, and not fed to the learned
+    horizon (it says nothing about when the owner takes nodes back); the owner's reclaim is
+    recorded as `reclaimed` and does teach it."""
+    from core.model import LEFT_LOST, LEFT_RECLAIMED
+    from core.store import Batch
+    nodes = [f"a01n{i:02d}" for i in range(1, 5)]
+    clock = SimClock(T0)
+    ctl = Controller(SimulatedDispatcher(), clock, ControllerConfig(tfwd="auto"), None, nodes)
+    ctl.start(nodes)
+    ctl.submit(job("J", hi=4))
+    ctl.step()
+    first, second = ctl.held["J"][:2]
+    seen = []
+    ctl._batch, keep = Batch(), ctl._batch
+    clock.advance_to(T0 + 60)
+    ctl.step([Event(T0 + 60, EventKind.NODE_LEAVE, node=first, job="J", cause=LEFT_LOST,
+                    detail="unreachable on a01n01: did not answer")])
+    seen += [a["reason"] for a in ctl._batch.allocations]
+    assert ctl.horizon_learner.survival.count == 0 and ctl.counters.preemptions == 0
+    assert first not in ctl.held["J"] and first not in ctl.idle
+    clock.advance_to(T0 + 120)
+    ctl.step([Event(T0 + 120, EventKind.NODE_LEAVE, node=second, cause=LEFT_RECLAIMED)])
+    seen += [a["reason"] for a in ctl._batch.allocations]
+    assert ctl.horizon_learner.survival.count == 1 and ctl.counters.preemptions == 1
+    assert seen[:1] == ["lost"] and "reclaimed" in seen, seen
+    ctl._batch = keep

@@ -42,3 +42,47 @@ def test_progress_stays_flat_while_the_job_holds_no_nodes(tmp_path):
     # ran 100 s at 4 nodes (350/s), less the reclaim's 12 s pause, then nothing until it got nodes back
     assert lost == pytest.approx(100 * (100 - 12) * 350 / 1e7) and back == pytest.approx(lost)
     assert not [t for t in thr if t["nodes"] == 0 and t["samples_per_second"]], "a job on no nodes trains at 0/s"
+
+
+def test_the_resubmit_button_shows_for_a_failed_or_cancelled_job_and_continues_it(tmp_path, monkeypatch):
+    """The job page's Resubmit (app/pages/job.py) on a live harvester with simulated workers: shown
+    to the job's owner and staff once it is cancelled, it makes a new job from where the old one
+    stopped and links to it; someone else is refused and nothing is made."""
+    import time
+
+    from app import context
+    from app.auth import User
+    from app.pages import job as page
+    from core.assemble import build
+    from core.schemas import JobSpec
+    from core.settings import HarvesterSettings
+
+    h = build(HarvesterSettings.parse({"db": tmp_path / "live.db", "tick_s": 0.05,
+                                       "live": {"dispatch": "simulated", "local_nodes": 2}}))
+    h.open()
+    try:
+        alice, bob = User("alice", "user", ""), User("bob", "user", "")
+        user = {"now": alice}
+        monkeypatch.setattr(context, "harvester", h)
+        monkeypatch.setattr(context, "history", History(tmp_path / "live.db"))
+        monkeypatch.setattr(context, "current_user", lambda: user["now"])
+        old = h.submit(JobSpec(name="page job", min_nodes=1, max_nodes=2, total_samples=1e9, curve="1:1000, 2:1900"),
+                       "alice")
+        shown = lambda: page.update_job(0, old.id)[-1]
+        assert shown() == {"display": "none"}, "a running job is not resubmitted"
+        time.sleep(0.5)
+        h.cancel(old.id)
+        h.controller.flush()
+        assert shown() == {}
+        user["now"] = bob
+        assert shown() == {"display": "none"}
+        refused = page.resubmit(1, old.id)
+        assert "Only its owner or staff" in str(refused) and len(h.snapshot.jobs) == 1
+        user["now"] = alice
+        said = page.resubmit(1, old.id)
+        new = [j for j in h.snapshot.jobs if j["id"] != old.id]
+        assert len(new) == 1 and new[0]["owner"] == "alice", h.snapshot.jobs
+        assert h.job(new[0]["id"]).resubmitted_from == old.id and new[0]["samples_done"] == h.job(old.id).samples_done > 0
+        assert f"/jobs/{new[0]['id']}" in str(said) and "Resubmitted as" in str(said), said
+    finally:
+        h.close()

@@ -135,3 +135,28 @@ def test_a_failed_job_keeps_its_failure_and_story_across_a_restore(tmp_path):
     a = ctl2.jobs["A"]
     assert a.state.value == "failed" and a.failure == failure
     assert a.story == {"losses": [[1, 2.3], [2, 2.1]], "generations": [{"gen": 1}]}
+
+
+def test_a_store_from_before_resubmission_gains_its_columns_and_keeps_its_jobs(tmp_path):
+    """`resubmitted_from` and `requeues` (issue 56) are added to an older store's jobs table at
+    open; its jobs read as neither resubmitted nor requeued, and a new job's values come back."""
+    db = tmp_path / "run.db"
+    store = Store(db)
+    ctl, _ = controller(["n1"], ControllerConfig(tfwd=1000), store)
+    ctl.submit(job("OLD", total=1e7))
+    ctl.step()
+    ctl.flush()
+    store.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("alter table jobs drop column resubmitted_from")
+        conn.execute("alter table jobs drop column requeues")
+    store = Store(db)
+    assert {"resubmitted_from", "requeues"} <= set(store.db["jobs"].columns_dict)
+    (old, _), = store.jobs()
+    assert old.id == "OLD" and old.resubmitted_from == "" and old.requeues == 0
+    new = job("NEW", total=1e7)
+    new.resubmitted_from, new.requeues, new.samples_done = "OLD", 2, 1234.0
+    from core.store import Batch, job_row
+    store.write(Batch(jobs={"NEW": job_row(new)}))
+    back = {j.id: j for j, _ in store.jobs()}["NEW"]
+    assert (back.resubmitted_from, back.requeues, back.samples_done) == ("OLD", 2, 1234.0)

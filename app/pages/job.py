@@ -9,6 +9,7 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from core.explain import horizon_of, why
 from core.model import LAUNCHER_RUNTIME, LAUNCHER_TORCHRUN
+from core.service import Conflict
 
 from app import context, ids
 from app.charts import LIVE_TIME_AXIS, MARGIN, TIME_AXIS, count_axis, empty_figure
@@ -27,8 +28,13 @@ def layout(job_id=None, **_):
                       html.Button("Cancel job", id=ids.JOB_CANCEL, n_clicks=0, className="button danger",
                                   style={"display": "none"}),
                       id=ids.JOB_CANCEL_CONFIRM,
-                      message=f"Cancel job {job_id}? Its workers stop and it cannot be resumed."),
-                  html.Span(id=ids.JOB_CANCEL_RESULT)], className="buttons"),
+                      message=f"Cancel job {job_id}? Its workers stop; Resubmit continues it later from "
+                              "its last checkpoint as a new job."),
+                  html.Span(id=ids.JOB_CANCEL_RESULT),
+                  html.Button("Resubmit", id=ids.JOB_RESUBMIT, n_clicks=0, className="button",
+                              title="a new job that continues this one from its last checkpoint",
+                              style={"display": "none"}),
+                  html.Span(id=ids.JOB_RESUBMIT_RESULT)], className="buttons"),
         html.Div([
             dcc.Graph(id=ids.JOB_CURVE, config={"displayModeBar": False}, className="job-graph"),
             dcc.Graph(id=ids.JOB_NODES, config={"displayModeBar": False}, className="job-graph"),
@@ -72,10 +78,11 @@ def _queue_position(snap, job_id):
                Output(ids.JOB_CANCEL, "style"), Output(ids.JOB_PROFILE, "children"),
                Output(ids.JOB_PROFILE, "style"), Output(ids.JOB_PROBES, "data"), Output(ids.JOB_PROBES_BOX, "style"),
                Output(ids.JOB_PROBES_TITLE, "children"), Output(ids.JOB_LOSS, "figure"), Output(ids.JOB_LOSS, "style"),
+               Output(ids.JOB_RESUBMIT, "style"),
                Input(ids.TICK, "n_intervals"), Input(ids.JOB_ID, "data"))
 def update_job(n, job_id):
     if n and n % 2:       # every other second is plenty for one job
-        return (no_update,) * 14
+        return (no_update,) * 15
     hidden = {"display": "none"}
     h, hist = context.harvester, context.history
     snap = h.snapshot
@@ -83,9 +90,9 @@ def update_job(n, job_id):
     info = snap.job(job_id) if job_id else None
     if job is None or info is None:
         return (html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, "",
-                _empty(), hidden)
+                _empty(), hidden, hidden)
     if job.state.finished and job.state.value != info["state"]:
-        return (no_update,) * 14     # it ended after this snapshot was taken: the next one agrees
+        return (no_update,) * 15     # it ended after this snapshot was taken: the next one agrees
     cfg = snap.config
     profile = finite(h.profile(job_id))
     span, learned = horizon_of(cfg, job_id)
@@ -116,6 +123,7 @@ def update_job(n, job_id):
     ])
     user = context.current_user()
     can_cancel = user is not None and user.may_cancel(job.owner) and not job.state.finished
+    can_resubmit = user is not None and user.may_cancel(job.owner) and job.state.value in RESUBMITTABLE
     thr = hist.job_throughput(job_id)
     allocs = hist.job_allocations(job_id)
     events = job_log(hist.job_events(job_id), allocs)
@@ -127,7 +135,8 @@ def update_job(n, job_id):
             progress_figure(thr, end, info, job.total_samples, axis),
             events, {} if can_cancel else hidden, profile_line(profile) if profile else "", shown,
             probe_rows(profile), shown, probes_title(profile),
-            loss_figure(workers.get("losses") or [], info), {} if cfg.get("runs_workers") else hidden)
+            loss_figure(workers.get("losses") or [], info), {} if cfg.get("runs_workers") else hidden,
+            {} if can_resubmit else hidden)
 
 
 def learning_facts(workers: dict) -> list:
@@ -170,6 +179,9 @@ def loss_figure(losses: list, info: dict) -> dict:
                        "margin": MARGIN, "xaxis": {"title": {"text": "step"}, "rangemode": "tozero"},
                        "yaxis": {"title": {"text": "loss"}}}}
 
+
+#: the states a job may be resubmitted from (continued as a new job from its checkpoint)
+RESUBMITTABLE = ("failed", "cancelled")
 
 LAUNCHER_TEXT = {LAUNCHER_RUNTIME: "elastic runtime (regroups in place)",
                  LAUNCHER_TORCHRUN: "restart-based (torchrun)"}
@@ -267,3 +279,27 @@ def cancel(n_clicks, job_id):
     return html.Span(f"Cancelled {job_id}.", className="ok")
 
 
+
+
+@dash.callback(Output(ids.JOB_RESUBMIT_RESULT, "children"), Input(ids.JOB_RESUBMIT, "n_clicks"),
+               State(ids.JOB_ID, "data"), prevent_initial_call=True)
+def resubmit(n_clicks, job_id):
+    """A failed or cancelled job continued as a new job from its checkpoint: a link to it."""
+    if not n_clicks:
+        return no_update
+    user = context.current_user()
+    job = context.harvester.job(job_id)
+    if user is None:
+        return html.Span("Log in to resubmit.", className="error")
+    if job is None:
+        return html.Span(f"No job {job_id}.", className="error")
+    if not user.may_cancel(job.owner):
+        return html.Span("Only its owner or staff may resubmit this job.", className="error")
+    try:
+        new = context.harvester.resubmit(job_id, user.name, staff=user.is_staff, unix=user.unix)
+    except KeyError:
+        return html.Span(f"No job {job_id}.", className="error")
+    except (ValueError, RuntimeError, Conflict) as e:
+        return html.Span(str(e), className="error")
+    return html.Span(["Resubmitted as ", dcc.Link(new.id, href=f"/jobs/{new.id}", id=ids.JOB_RESUBMIT + "-new"),
+                      f", from {100 * new.samples_done / new.total_samples:.1f} % done."], className="ok")

@@ -65,6 +65,16 @@ class Dispatcher(ABC):
         """Staff vouch for a node it holds out: offered again. Whether it was held out."""
         return False
 
+    def carry_over(self, old: Job, new: Job) -> float:
+        """Before `new`, a resubmission of the ended job `old`, is registered: make what `old`
+        left to resume from `new`'s (real workers: a copy of its checkpoint folder, carryover.py),
+        and say at how many samples `new` starts. OSError when that cannot be done. Simulated
+        workers keep no checkpoint: `new` starts where `old` stopped."""
+        return min(old.samples_done, new.total_samples)
+
+    def forget_carried(self, new: Job) -> None:
+        """Undo `carry_over` for a `new` whose registration was refused after it."""
+
     def status(self, job_id: str) -> Optional[dict]:
         """What the job's workers say of themselves (generation, members, ...), if they are real."""
         return None

@@ -80,10 +80,14 @@ class Health:
 
     def fails_at_once(self, failure: Failure) -> bool:
         """A set-up error (the command, the folder, the script's own exception) before the
-        job's first step: every node would fail alike, so the job fails once, not per node."""
+        job's first step: every node would fail alike, so the job fails once, not per node.
+        After it, the script's exception is one during training, at the committed step last seen
+        (its hint says so, failures.raised_during)."""
         if failure.kind in failures.SETUP and not self.stepped:
             failure.message = f"before the job's first step: {failure.message}"
             return True
+        if self.stepped:
+            failures.raised_during(failure, f"at step {max(self.step_seen[0], 0)}")
         return False
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence
 
 from .. import failures
 from . import blame
+from . import rendezvous
 from ..failures import Failure
 from ..model import Event, EventKind, Job, PauseSample, RateSample
 from ..runtime import ranks
@@ -33,6 +34,7 @@ from ..transports.base import Handle, NodeSpec, StartError, Transport, Transport
 ENV_CHECKPOINT_DIR = "HARVEST_CHECKPOINT_DIR"
 PORTS = range(29500, 30500)        # MASTER_PORT of a remote rank 0 (a generation's own choice)
 TAIL_LINES = 40
+RENDEZVOUS_EVERY_S = 5.0           # how often a generation's store is read until its group formed
 
 
 def checkpoint_dir(logdir: Path, job_id: str) -> Path:
@@ -50,6 +52,10 @@ class _Gen:
     started_at: float = 0.0
     first_progress_at: Optional[float] = None
     first_progress: Optional[float] = None
+    master: tuple[str, int] = ("", 0)   # MASTER_ADDR, MASTER_PORT: where rank 0 serves its store
+    formed: bool = False                # its ranks' process group formed (rendezvous.py)
+    probing: bool = False               # its store is being read
+    probe_at: float = 0.0               # monotonic: not read again before this
 
 
 @dataclass
@@ -83,16 +89,22 @@ class RestartJobs:
                  base_env: Callable[[], dict[str, str]], submit: Callable, post: Callable[[Event], None],
                  lost: Callable[[str, str, Failure], None], progress_timeout_s: float = 600.0,
                  sample_s: float = 5.0, start_timeout_s: float = 300.0,
-                 interfaces: Optional[dict[str, str]] = None) -> None:
+                 interfaces: Optional[dict[str, str]] = None, rendezvous_timeout_s: float = 60.0) -> None:
         """`launch(job, node, env, log_path)` starts one rank (the dispatcher's: as the job's
         account where it has one); `transport` polls and stops them. A generation with no
         progress line within `start_timeout_s`, or none for `progress_timeout_s` after its
         first, fails the job with rank 0's last line. `interfaces`: per node, what its ranks
         give gloo (GLOO_SOCKET_IFNAME) where the site does not: a script of its own binds the
-        interface that reaches the head, whatever its host name resolves to."""
+        interface that reaches the head, whatever its host name resolves to. A generation whose
+        ranks formed no process group within `rendezvous_timeout_s` (read from rank 0's store,
+        `_watch_rendezvous`) fails the job naming the ranks that never arrived (0: not watched).
+        `lost(job_id, node, failure)` is the dispatcher's; an exception after the job's first
+        progress is said to be one during training on the way (`_lose`)."""
         self.transport, self.specs, self.logdir, self.launch = transport, specs, logdir, launch
-        self.base_env, self.submit, self.post, self.lost = base_env, submit, post, lost
+        self.base_env, self.submit, self.post, self._lost_to = base_env, submit, post, lost
+        self.lost = self._lose
         self.progress_timeout_s = progress_timeout_s
+        self.rendezvous_timeout_s = rendezvous_timeout_s
         self.start_timeout_s = start_timeout_s
         self.interfaces = interfaces if interfaces is not None else {}
         self.sample_s = sample_s
@@ -107,6 +119,7 @@ class RestartJobs:
             run = self.runs.get(job.id)
             if run is None:
                 run = self.runs[job.id] = _RestartRun(job, checkpoint_dir(self.logdir, job.id),
+                                                      samples=job.samples_done,   # resumed, resubmitted: not 0
                                                       progress_at=time.monotonic())
             if list(nodes) == run.target:
                 return
@@ -192,6 +205,7 @@ class RestartJobs:
         keys = [k for n in nodes for k in ranks.keys_of(n, self.specs[n].slots)]
         master = self.transport.host_of(self.specs[nodes[0]]) or "127.0.0.1"
         port = _free_port() if _loopback(master) else PORTS[(hash(run.job.id) + number) % len(PORTS)]
+        gen.master = (master, port)
         common = {**self.base_env(), "MASTER_ADDR": master, "MASTER_PORT": str(port),
                   "TORCHELASTIC_RESTART_COUNT": str(number), "TORCHELASTIC_RUN_ID": run.job.id,
                   "TORCHELASTIC_MAX_RESTARTS": "0", ENV_CHECKPOINT_DIR: str(run.checkpoint_dir),
@@ -221,15 +235,17 @@ class RestartJobs:
         run.restarts = number
 
     # ---- watching ------------------------------------------------------------------------------
-    def check(self, alive: dict[Handle, Optional[bool]]) -> None:
+    def check(self, alive: dict[Handle, Optional[bool]], silent: frozenset[str] = frozenset()) -> None:
         """Per poll: read rank 0's progress, notice the end of the job, a dead rank or a
-        generation that shows no progress."""
+        generation that shows no progress. `silent`: nodes whose liveness check went unanswered
+        this time: nothing waits on them here (a dead host answers never)."""
         for run in list(self.runs.values()):
             gen = run.gen
             if run.ended or gen is None or not gen.handles or run.applying.locked():
                 continue
             hs = list(gen.handles.items())
-            self._read_progress(run, hs[0][1])
+            if hs[0][1].node.name not in silent:
+                self._read_progress(run, hs[0][1])
             if not any(h in alive for _, h in hs):
                 continue          # a generation started after the check was sent: not checked yet
             dead = [(k, h) for k, h in hs if h in alive and not alive[h]]
@@ -243,17 +259,18 @@ class RestartJobs:
                 if run.gen is not gen or not gen.handles:
                     continue
                 gen.handles = {}
-            if rank0_dead and run.samples >= run.job.total_samples:
+            if run.samples >= run.job.total_samples:     # rank 0 said the last samples: any rank may end first
                 self.transport.stop_many([h for _, h in hs], run.job.stop_grace_seconds)
                 run.ended = True
                 self.post(Event(time.time(), EventKind.JOB_DONE, job=run.job.id))
                 continue
             node = ranks.node_of(key)
             if alive.get(handle) is None:
-                failure = failures.named(failures.UNREACHABLE, f"{node} did not answer a liveness check", node)
+                failure = failures.named(failures.UNREACHABLE, f"{node} did not answer its liveness checks", node)
             else:
                 failure = failures.from_exit(self._tail(handle), self.transport.exit_status(handle), node)
-            self.transport.stop_many([h for _, h in hs], 1.0)
+            self.transport.stop_many([h for _, h in hs if h.node.name not in silent], 1.0)
+            self.submit(self.transport.stop_many, [h for _, h in hs if h.node.name in silent], 1.0)
             if rank0_dead and failure.kind in (failures.EXITED_EARLY, failures.OTHER):
                 failure.kind, failure.hint = failures.EXITED_EARLY, (
                     "rank 0 ended without an error before the job's total: the script must train until "
@@ -276,7 +293,7 @@ class RestartJobs:
         """The other nodes of the generation whose ranks failed with the same error of the job's
         own as `node`'s (read once the generation is stopped): a script that raises on every
         rank is one error everywhere, which fails the job at once (blame.py), not a lost node."""
-        if blame.node_caused(failure) or blame.consequence(failure):
+        if blame.node_caused(failure) or blame.consequence(failure) or failure.kind == failures.EXITED_EARLY:
             return []
         sig, out, seen = blame.signature(failure), [], {node}
         for key, h in hs:
@@ -291,8 +308,11 @@ class RestartJobs:
 
     def _check_stalled(self, run: _RestartRun, gen: _Gen) -> None:
         """No progress line within `start_timeout_s` of the generation's start, or none for
-        `progress_timeout_s` after: the job fails with rank 0's last line."""
+        `progress_timeout_s` after: the job fails with rank 0's last line. Before the first, a
+        group that has not formed within `rendezvous_timeout_s` fails it (`_watch_rendezvous`)."""
         first = gen.first_progress_at is None
+        if first:
+            self._watch_rendezvous(run, gen)
         since = gen.started_at if first else max(run.progress_at, gen.first_progress_at or 0.0)
         limit = self.start_timeout_s if first else self.progress_timeout_s
         if time.monotonic() - since <= limit:
@@ -307,6 +327,51 @@ class RestartJobs:
             "(flush its output, or run with PYTHONUNBUFFERED=1)" if first else failures.hint_of(failures.NO_PROGRESS),
             self._tail(next(iter(gen.handles.values()))) if gen.handles else []))
 
+    def _watch_rendezvous(self, run: _RestartRun, gen: _Gen) -> None:
+        """From `rendezvous_timeout_s` after a generation's start until its group formed or its
+        first progress line, rank 0's store is read every `RENDEZVOUS_EVERY_S` on the pool (a
+        read waits up to `rendezvous.read_store`'s timeout; never on the controller's thread)."""
+        now = time.monotonic()
+        if (self.rendezvous_timeout_s <= 0 or gen.formed or gen.probing or not gen.master[1]
+                or now - gen.started_at < self.rendezvous_timeout_s or now < gen.probe_at):
+            return
+        gen.probing, gen.probe_at = True, now + RENDEZVOUS_EVERY_S
+        self.submit(self._read_rendezvous, run, gen)
+
+    def _read_rendezvous(self, run: _RestartRun, gen: _Gen) -> None:
+        """One read of the generation's store: a group that formed is not read again; one whose
+        ranks never all arrived fails the job, naming them (rendezvous.verdict)."""
+        try:
+            keys = list(gen.handles)
+            if not keys:
+                return
+            view = rendezvous.read_store(*gen.master)
+            if rendezvous.formed(view, len(keys)):
+                gen.formed = True
+                return
+            host, port = gen.master
+            failure = rendezvous.verdict(view, [ranks.node_of(k) for k in keys], f"{host}:{port}",
+                                         time.monotonic() - gen.started_at)
+        finally:
+            gen.probing = False
+        if failure is None or run.ended or run.gen is not gen or not gen.handles or gen.first_progress_at is not None:
+            return
+        rank0 = next(iter(gen.handles.values()), None)
+        failure.tail = self._tail(rank0)[-failures.TAIL_KEPT:] if rank0 is not None else []
+        if run.last_line:
+            failure.message += f"; rank 0's last line: {run.last_line}"
+        self.fail(run, failure)
+
+    def _lose(self, job_id: str, node: str, failure: Failure) -> None:
+        """A lost node, to the dispatcher (`lost`): the script's exception after the job's first
+        progress is one during training (failures.raised_during), not a start error."""
+        run = self.runs.get(job_id)
+        if run is not None and (run.best > 0 or (run.gen is not None and run.gen.first_progress_at is not None)):
+            per_step = run.job.samples_per_step
+            failures.raised_during(failure, f"at step {run.samples / per_step:,.0f}" if per_step > 0
+                                   else f"after {run.samples:,.0f} samples")
+        self._lost_to(job_id, node, failure)
+
     def fail(self, run: _RestartRun, failure: Failure) -> None:
         """The job fails, once, with its named reason."""
         if run.ended:
@@ -319,7 +384,7 @@ class RestartJobs:
         tail = self._tail(rank0)
         lines = [line for line in tail if line.strip()]
         if lines:
-            run.last_line = lines[-1][-300:]
+            run.last_line = failures.last_line(lines)[-300:]
         value = self._last_match(run.job.progress_pattern, tail, run.job.samples_per_step)
         if value is None:
             return

@@ -48,7 +48,7 @@ from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from ..transports.cleanup import ENV_MARK, new_mark
 from ..transports.runas import RunAs
-from . import adoption
+from . import adoption, carryover
 from .base import Dispatcher
 from .blame import JobFaults, consequence, node_caused
 from .health import Health, stalled_failure, story_of
@@ -273,6 +273,13 @@ class WorkerDispatcher(Dispatcher):
     def accept_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         return self.book.accept_http(job_id, authorization, body)
 
+    def carry_over(self, old: Job, new: Job) -> float:
+        """A resubmitted job resumes from a copy of the old one's checkpoint folder (carryover.py)."""
+        return carryover.carry(self.logdir, old, new)
+
+    def forget_carried(self, new: Job) -> None:
+        carryover.forget(self.logdir, new)
+
     def poll(self, now: float) -> list[Event]:
         events: list[Event] = []
         with self._lock:
@@ -316,6 +323,7 @@ class WorkerDispatcher(Dispatcher):
             runs = list(self._runs.values())
             self._runs.clear()
         for run in runs:
+            run.ended = True            # a start still under way stops what it started (`_start`)
             run.coord.close(wait=False)
             adoption.kept_path(self.logdir, run.job.id).unlink(missing_ok=True)   # its workers are told to exit: none rejoins
             for n in {ranks.node_of(k) for k in run.handles}:

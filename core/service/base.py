@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+from pydantic import ValidationError
+
 from ..admission import DEFAULT_USER_MAX_JOBS, over_quota, too_big
 from ..controller import Controller
 from ..lifecycle import life_events
-from ..model import Job
+from ..model import Job, JobState
 from ..quotas import QuotaBook
 from ..runners import Runner
-from ..schemas import JobSpec
+from ..schemas import JobSpec, explain
 from ..snapshot import Snapshot, empty_snapshot
 from ..slots import Slots
 from ..store import Store, UsageHistory, refuse_foreign
@@ -38,6 +40,11 @@ class Capabilities:
 
 class Unsupported(RuntimeError):
     """A command this harvester's capabilities do not include."""
+
+
+class Conflict(Exception):
+    """A command the job's state does not allow (HTTP 409): resubmitting a job that neither
+    failed nor was cancelled, or one whose checkpoint cannot be copied."""
 
 
 class Harvester:
@@ -241,15 +248,65 @@ class Harvester:
         runner = self._live()
         ctl = runner.controller
         with ctl.lock:
-            run_as, refused = self._runs_as(spec, staff, unix)
-            refused = refused or too_big(spec.min_nodes, self.capacity()) or over_quota(
-                ctl.active_jobs_of(owner),
-                self.user_max_jobs, staff)
-            if refused:
-                raise ValueError(refused)
-            job = self._job_from(spec, owner, ctl)
-            job.run_as = run_as
+            job = self._vet(spec, owner, staff, unix, ctl)
             ctl.submit(job, durable=True)
+        runner.publish()
+        return job
+
+    def _vet(self, spec: JobSpec, owner: str, staff: bool, unix: str, ctl: Controller,
+             run_as: Optional[str] = None) -> Job:
+        """The job a registration makes (under the controller's lock), or ValueError why none;
+        `run_as` given: the account its command runs as, already vetted (a resubmission)."""
+        refused = None
+        if run_as is None:
+            run_as, refused = self._runs_as(spec, staff, unix)
+        refused = refused or too_big(spec.min_nodes, self.capacity()) or over_quota(
+            ctl.active_jobs_of(owner), self.user_max_jobs, staff)
+        if refused:
+            raise ValueError(refused)
+        job = self._job_from(spec, owner, ctl)
+        job.run_as = run_as
+        return job
+
+    def resubmit(self, job_id: str, user: str, staff: bool = False, unix: str = "") -> Job:
+        """Continue a failed or cancelled job as a new one (a new id, its own events, the old
+        one's owner) from the old one's last checkpoint and sample count; checked as a new
+        registration is (ValueError "field: message"), and in the store when this returns.
+        KeyError: no such job; Conflict: it has not failed nor been cancelled, or its checkpoint
+        cannot be copied. `user`, `staff`, `unix`: who asks (the front end checks that they are
+        its owner or staff); staff resubmitting another's job keep the account it ran as."""
+        runner = self._live()
+        ctl = runner.controller
+        old = ctl.job(job_id)
+        if old is None:
+            raise KeyError(job_id)
+        if old.state not in (JobState.FAILED, JobState.CANCELLED):
+            raise Conflict(f"job {job_id} is {old.state.value}: only a failed or cancelled job can be resubmitted")
+        spec = spec_of(old)
+        with ctl.lock:
+            job = self._vet(spec, old.owner, staff, unix, ctl, run_as=None if user == old.owner else old.run_as)
+        job.resubmitted_from = old.id
+        dispatcher = ctl.dispatcher
+        try:      # outside the lock: a large checkpoint's copy must not hold up the controller
+            job.samples_done = dispatcher.carry_over(old, job)
+        except OSError as e:
+            raise Conflict(f"job {job_id}'s checkpoint cannot be copied for its resubmission "
+                           f"({e.strerror or e}{': ' + str(e.filename) if getattr(e, 'filename', None) else ''}); "
+                           "the harvester's account must be able to read it") from None
+        done = job.samples_done
+        detail = (f"resubmitted from job {old.id} ({old.state.value}): continues at {done:,.0f} of "
+                  f"{job.total_samples:,.0f} samples" + ("" if done else " (it left no checkpoint: from the start)"))
+        try:
+            with ctl.lock:
+                refused = over_quota(ctl.active_jobs_of(old.owner), self.user_max_jobs, staff)
+                if refused:
+                    raise ValueError(refused)
+                ctl.submit(job, durable=True, detail=detail)
+        except BaseException:
+            dispatcher.forget_carried(job)
+            raise
+        log.info("job %s resubmitted by %s as job %s, at %.0f of %.0f samples", old.id, user or "?", job.id, done,
+                 job.total_samples)
         runner.publish()
         return job
 
@@ -300,6 +357,27 @@ class Harvester:
         """Staff clear a node skipped after failures (`clears_nodes`): whether it was skipped;
         KeyError if unknown."""
         raise Unsupported("this server's node source skips no node after failures")
+
+
+def spec_of(job: Job) -> JobSpec:
+    """The registration that makes `job` again (its resubmission), checked by the rules every
+    registration is; ValueError ("field: message") for one they refuse now."""
+    fields: dict = {"name": job.name or job.id, "min_nodes": job.min_nodes, "max_nodes": job.max_nodes,
+                    "total_samples": job.total_samples, "scale_up_seconds": job.scale_up_seconds,
+                    "scale_down_seconds": job.scale_down_seconds, "priority": job.priority,
+                    "launcher": job.launcher, "progress_pattern": job.progress_pattern,
+                    "stop_grace_seconds": job.stop_grace_seconds, "samples_per_step": job.samples_per_step}
+    curve = job.given_curve or job.true_curve
+    if curve is not None:
+        fields["curve"] = curve.to_dict()
+    if job.command:
+        fields["command"] = list(job.command)
+    if job.global_batch:
+        fields["global_batch"] = job.global_batch
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as e:
+        raise ValueError(explain(e)) from None
 
 
 def new_job_id(ctl: Controller) -> str:

@@ -21,6 +21,7 @@ from ..slots import Slots
 from ..sources.base import LiveNodeSource
 from ..store import Store
 from ..storelock import StoreLock
+from ..worklogs import job_logs as logs_on_disk
 from .base import Capabilities, Harvester, new_job_id
 
 #: seconds between live timeline points when nothing changes (every change is a point of its own)
@@ -50,7 +51,7 @@ class LiveHarvester(Harvester):
         self.slots = Slots(slots)
         self.capabilities = Capabilities(runs_workers=dispatcher.takes_reports,
                                          operates_nodes=source.operated_by_hand,
-                                         clears_nodes=source.clears_failures)
+                                         clears_nodes=source.clears_failures or dispatcher.holds_nodes_out)
 
     def _open(self, fresh: bool) -> None:
         store = Store(self.db)
@@ -116,7 +117,15 @@ class LiveHarvester(Harvester):
         return self.dispatcher.status(job_id)
 
     def worker_logs(self, job_id: str, lines: int) -> dict[str, list[str]]:
-        return self.dispatcher.logs(job_id, lines)
+        """The running workers' logs; once they are gone (the job ended, a restart), the newest
+        log file of each worker on disk, in its last generation's rank order."""
+        logs = self.dispatcher.logs(job_id, lines)
+        logdir = getattr(self.dispatcher, "logdir", None)
+        if logs or logdir is None:
+            return logs
+        job = self.job(job_id)
+        gens = ((job.story or {}).get("generations") or [{}]) if job is not None else [{}]
+        return logs_on_disk(logdir, job_id, lines, gens[-1].get("members") if isinstance(gens[-1], dict) else None)
 
     def worker_report(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
         if not self.capabilities.runs_workers:
@@ -134,9 +143,16 @@ class LiveHarvester(Harvester):
         self.source.release(node, time.time())
 
     def clear_node(self, node: str) -> bool:
+        """A node held out by the dispatcher (lost for a reason of its own) or skipped by the
+        source (failed pilots): either is offered again."""
         if not self.capabilities.clears_nodes:
             return super().clear_node(node)
-        return self.source.clear(node)
+        if node not in self.source.node_names():
+            raise KeyError(node)
+        cleared = self.dispatcher.clear_node(node)
+        if self.source.clears_failures:
+            cleared = self.source.clear(node) or cleared
+        return cleared
 
     def _shutdown(self) -> None:
         self.source.close()

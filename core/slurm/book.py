@@ -25,6 +25,10 @@ NOT_ITS_FAULT = frozenset({"PREEMPTED", "CANCELLED", "TIMEOUT", "DEADLINE"})
 #: then only waits behind the main job to be cancelled: two RPCs and a scheduler pass for nothing.
 #: It gets no pilot until a later sinfo shows it taken, or for this long if it never is.
 RECLAIM_HOLD_S = 5.0
+#: pilots known to be over (cancelled by us, or ended in squeue) kept after squeue stops listing
+#: them as live: one on a node whose slurmd is gone is killed only when slurmd is back, maybe
+#: hours later, and its redial or goodbye must not count as a new pilot or a main job's taking
+OVER_KEEP = 4096
 
 
 class PilotBook:
@@ -42,6 +46,7 @@ class PilotBook:
         self.lock = threading.Lock()
         self._surplus_since: Optional[float] = None   # monotonic: more pilots than demand since
         self._cancelled: set[str] = set()             # pilots we cancelled: their end is no failure
+        self._over: dict[str, None] = {}              # pilots over (OVER_KEEP newest) that may still talk
         self._reclaimed: dict[str, float] = {}        # node -> monotonic: Slurm signalled its pilot
 
     # ---- what the jobs want, what happened ----------------------------------------------------
@@ -66,9 +71,10 @@ class PilotBook:
             self._cancelled |= set(jobs)
 
     def was_cancelled(self, job: str) -> bool:
-        """Whether the harvester cancelled this pilot (its signal was ours, not a main job's)."""
+        """Whether the harvester cancelled this pilot, or Slurm had ended its job already (its
+        signal was ours or Slurm's cleanup, not a main job's)."""
         with self.lock:
-            return job in self._cancelled
+            return job in self._cancelled or job in self._over
 
     # ---- pilots talking -----------------------------------------------------------------------
     def hello(self, link: PilotLink) -> str:
@@ -81,7 +87,7 @@ class PilotBook:
             adopted = p.adopted and p.node == link.node and self.held.get(link.node) == link.job
             p.node, p.running, p.adopted, p.hello_at = link.node, True, False, time.monotonic()
             if not adopted and (link.node not in self.watched or link.node in self.held
-                                or link.job in self._cancelled):
+                                or link.job in self._cancelled or link.job in self._over):
                 self.pilots.pop(link.job, None)
                 return "stray"
             if adopted:
@@ -98,7 +104,7 @@ class PilotBook:
             if p is not None and p.node == link.node:
                 del self.pilots[link.job]
                 self._judge(p, None, "" if link.leaving else "lost its connection")
-            if link.leaving and link.job not in self._cancelled:
+            if link.leaving and link.job not in self._cancelled and link.job not in self._over:
                 self._reclaimed[link.node] = time.monotonic()
             return self._release(link.node, link.job, why, LEFT_PREEMPTED if link.leaving else LEFT_LOST)
 
@@ -141,7 +147,8 @@ class PilotBook:
                 if (j is None and jid in known) or (j is not None and j.ended):
                     del self.pilots[jid]
                     self._judge(p, j, "")
-                    left |= self._release(p.node, jid, f"pilot {jid} {j.state.lower() if j else 'is gone'} (squeue)")
+                    left |= self._release(p.node, jid, f"pilot {jid} {j.state.lower() if j else 'is gone'} (squeue)",
+                                          LEFT_LOST if j is not None and j.failed else LEFT_PREEMPTED)
                     dropped.append(jid)
                 elif j is not None and not p.running:
                     node = slurm.get(p.node)
@@ -155,8 +162,37 @@ class PilotBook:
                         self._cancelled.add(jid)
                         if p.adopted:
                             left |= self._release(p.node, jid, f"pilot {jid} of the earlier run did not redial")
-            self._cancelled &= {jid for jid, j in jobs.items() if not j.ended} | set(cancel)
+            live = {jid for jid, j in jobs.items() if not j.ended} | set(cancel)
+            self._remember_over([*dropped, *(jid for jid in self._cancelled if jid not in live)])
+            self._cancelled &= live
         return cancel, dropped, left
+
+    def _remember_over(self, jobs: Collection[str]) -> None:
+        for jid in jobs:
+            self._over.pop(jid, None)
+            self._over[jid] = None
+        for jid in list(self._over)[:max(0, len(self._over) - OVER_KEEP)]:
+            del self._over[jid]
+
+    def unreachable(self, slurm: dict[str, SlurmNode]) -> list[str]:
+        """After a sinfo: the pilots on held nodes that Slurm says are down or not responding,
+        to cancel. The node leaves now, `lost` (its own fault, not its job's nor its pilot's: no
+        backoff): its pilot and workers may well run on (slurmd gone, the host up), but Slurm
+        kills the pilot once SlurmdTimeout is up, and a dead host's pilot would not answer. Its
+        connection is kept, so that its workers are stopped through it. The node is free again
+        only when Slurm says it is idle (it responds, ReturnToService or staff resume it) and a
+        new pilot holds it."""
+        out = []
+        with self.lock:
+            for node, job in list(self.held.items()):
+                n = slurm.get(node)
+                if n is None or not n.unreachable:
+                    continue
+                self.pilots.pop(job, None)
+                self._cancelled.add(job)
+                self._release(node, job, f"Slurm says {node} is {n.label}: pilot {job} is cancelled", LEFT_LOST)
+                out.append(job)
+        return out
 
     def trim(self) -> tuple[list[Pilot], list[Pilot]]:
         """The pilots beyond what the jobs could use, to cancel: (pending ones, at once, newest

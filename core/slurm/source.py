@@ -12,7 +12,10 @@ A background thread reads sinfo/squeue every `poll_s` (never the live loop's thr
 formats are those of every Slurm from 22.05 on, core/slurm/parse.py): it finds free nodes
 (state `idle` with no flag like completing or planned), submits pilots to them (each
 pinned with -w, --exclusive), cancels pilots that wait too long or whose node was taken
-meanwhile, and notices pilots that vanished. Pilots count as the harvester's usage in Slurm's
+meanwhile, and notices pilots that vanished. A held node that Slurm says is down or not
+responding (its slurmd is gone) leaves at once, `lost`, and its pilot is cancelled: Slurm owns
+node health, and the node comes back only when Slurm has it idle and a new pilot holds it.
+Pilots count as the harvester's usage in Slurm's
 accounting, so it holds only as many as the jobs could use (`want`, the sum of their max nodes):
 surplus pending pilots are cancelled at once, held ones no job uses after `release_grace_s`. When Slurm cannot be asked the source is `stale`:
 it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
@@ -276,6 +279,7 @@ class SlurmSource(LiveNodeSource):
             self._dry_run()
             return
         self._set_status(SOURCE_OK, "")
+        self._check_nodes()
         if jobs is not None:
             self._squeue_at = asked
             self._check_pilots({j.id: j for j in jobs}, known)
@@ -295,6 +299,16 @@ class SlurmSource(LiveNodeSource):
             log.info("cancelling pilot(s) %s: their node was taken before they started, or they "
                      "did not connect within %g s", ", ".join(cancel), self.settings.pending_timeout_s)
             self._cancel_quietly(cancel)
+
+    def _check_nodes(self) -> None:
+        """Held nodes Slurm says are down or not responding leave at once (`lost`) and their
+        pilots are cancelled: Slurm owns a node's health (PilotBook.unreachable)."""
+        fallen = self.book.unreachable(self._slurm)
+        if fallen:
+            self._poke()
+            log.warning("Slurm says the node(s) of pilot(s) %s are down or not responding: they leave their jobs "
+                        "and are not used until Slurm has them idle again", ", ".join(fallen))
+            self._cancel_quietly(fallen)
 
     def free_nodes(self) -> list[str]:
         return self.book.free_nodes(self._slurm, self._slurm_at)

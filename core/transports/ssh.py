@@ -425,7 +425,7 @@ class SshTransport(Transport):
         if lines <= 0:
             return []
         r = self.run_script(handle.node, 'echo HVS-TAIL; tail -n "$1" -- "$2" 2>/dev/null; exit 0',
-                            [str(int(lines)), handle.log_path], timeout=15.0)
+                            [str(int(lines)), handle.log_path], limit=2 * self.alive_timeout_s)
         out = r.stdout.decode("utf-8", "replace").splitlines()
         return out[out.index("HVS-TAIL") + 1:] if "HVS-TAIL" in out else []
 
