@@ -345,11 +345,16 @@ def submit():
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
     except RuntimeError as e:
         return _err(503, str(e))
+    return _created(job)
+
+
+def _created(job, **extra):
+    """201 with the registered job as the API shows it, and where to find it."""
     info = context.harvester.snapshot.job(job.id)
-    resp = jsonify(_job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner,
-                                                "state": job.state.value})
+    body = _job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value}
+    resp = jsonify({**body, **extra})
     resp.status_code = 201
-    resp.headers["Location"] = f"/api/jobs/{job.id}"
+    resp.headers["Location"] = f"/api/jobs/{quote(job.id, safe='')}"
     return resp
 
 
@@ -376,12 +381,7 @@ def resubmit(job_id):
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
     except RuntimeError as e:
         return _err(503, str(e))
-    info = h.snapshot.job(job.id)
-    body = _job_json(info) if info else {"id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value}
-    resp = jsonify({**body, "resubmitted_from": job_id})
-    resp.status_code = 201
-    resp.headers["Location"] = f"/api/jobs/{quote(job.id, safe='')}"
-    return resp
+    return _created(job, resubmitted_from=job_id)
 
 
 @bp.delete("/jobs/<job_id>")

@@ -259,26 +259,32 @@ def progress_figure(thr, now, info, total, axis=TIME_AXIS) -> dict:
                        "yaxis": {"range": [0, 100], "title": {"text": "% of its samples done"}}}}
 
 
+def _refused(job_id: str, verb: str):
+    """Why the person looking may not `verb` this job (a red line), or None: they may."""
+    user = context.current_user()
+    job = context.harvester.job(job_id)
+    if user is None:
+        return html.Span(f"Log in to {verb}.", className="error")
+    if job is None:
+        return html.Span(f"No job {job_id}.", className="error")
+    if not user.may_cancel(job.owner):
+        return html.Span(f"Only its owner or staff may {verb} this job.", className="error")
+    return None
+
+
 @dash.callback(Output(ids.JOB_CANCEL_RESULT, "children"), Input(ids.JOB_CANCEL_CONFIRM, "submit_n_clicks"),
                State(ids.JOB_ID, "data"), prevent_initial_call=True)
 def cancel(n_clicks, job_id):
     if not n_clicks:
         return no_update
-    user = context.current_user()
-    job = context.harvester.job(job_id)
-    if user is None:
-        return html.Span("Log in to cancel.", className="error")
-    if job is None:
-        return html.Span(f"No job {job_id}.", className="error")
-    if not user.may_cancel(job.owner):
-        return html.Span("Only its owner or staff may cancel this job.", className="error")
+    refused = _refused(job_id, "cancel")
+    if refused is not None:
+        return refused
     try:
         context.harvester.cancel(job_id)
     except (ValueError, RuntimeError, KeyError) as e:
         return html.Span(str(e), className="error")
     return html.Span(f"Cancelled {job_id}.", className="ok")
-
-
 
 
 @dash.callback(Output(ids.JOB_RESUBMIT_RESULT, "children"), Input(ids.JOB_RESUBMIT, "n_clicks"),
@@ -287,14 +293,10 @@ def resubmit(n_clicks, job_id):
     """A failed or cancelled job continued as a new job from its checkpoint: a link to it."""
     if not n_clicks:
         return no_update
+    refused = _refused(job_id, "resubmit")
+    if refused is not None:
+        return refused
     user = context.current_user()
-    job = context.harvester.job(job_id)
-    if user is None:
-        return html.Span("Log in to resubmit.", className="error")
-    if job is None:
-        return html.Span(f"No job {job_id}.", className="error")
-    if not user.may_cancel(job.owner):
-        return html.Span("Only its owner or staff may resubmit this job.", className="error")
     try:
         new = context.harvester.resubmit(job_id, user.name, staff=user.is_staff, unix=user.unix)
     except KeyError:

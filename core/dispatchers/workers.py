@@ -288,7 +288,7 @@ class WorkerDispatcher(Dispatcher):
             due = [node for when, node in self._rejoin if when <= t]
             self._rejoin = [(w, n) for w, n in self._rejoin if w > t]
             events += [Event(now, EventKind.NODE_JOIN, node=n, detail="offered again after a lost worker")
-                       for n in due if not self.node_health.is_out(n)]
+                       for n in due if not self.node_health.is_out(n) and not self.transport.taken_back(n)]
             for node in self.node_health.due():
                 self._pool.submit(self._check_node, node)
             for run in list(self._runs.values()):

@@ -65,6 +65,12 @@ class SlurmNode:
         return self.state == "idle" and not NOT_FREE_FLAGS.intersection(self.flags)
 
     @property
+    def unreachable(self) -> bool:
+        """Slurm cannot reach the node's slurmd (`not_responding`: a dead host, or one whose jobs
+        Slurm kills once SlurmdTimeout is up) or has marked it down: not a node to train on."""
+        return self.state == "down" or "not_responding" in self.flags
+
+    @property
     def runs_a_job(self) -> bool:
         """Allocated to a job that is not ending (a pilot's end shows `completing` first)."""
         return self.state in ("allocated", "mixed") and "completing" not in self.flags

@@ -143,10 +143,11 @@ def remove_spool(d: Path) -> None:
 
 
 def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "partition",
-               database: Optional[Database] = None) -> Path:
+               database: Optional[Database] = None, extra: str = "") -> Path:
     """The folder layout, munge key, slurm.conf and gres.conf of a cluster in `d` whose nodes
     have `gpus` GPUs each (`Gres=gpu:N`; 0: none). preempt="qos": QOS preemption with accounting
-    in `database` and one partition, `batch` (tests/support/slurm_accounting.py)."""
+    in `database` and one partition, `batch` (tests/support/slurm_accounting.py). `extra`: lines
+    added to slurm.conf (`SlurmdTimeout=10`)."""
     for sub in ("munge", "state/ctld", "run", "log"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     spool = spool_dir(d)
@@ -167,7 +168,7 @@ def write_conf(d: Path, nodes: list[str], gpus: int = GPUS, preempt: str = "part
         text = accounting_conf(d, text, database, dbd_port=ports[-1])
     elif preempt != "partition":
         raise ValueError(f"preempt: 'partition' or 'qos', not {preempt!r}")
-    conf.write_text(text)
+    conf.write_text(text + (extra.rstrip("\n") + "\n" if extra else ""))
     return conf
 
 
@@ -269,6 +270,14 @@ class SlurmCluster:
     def stop_controller(self) -> None:
         """Take slurmctld down (slurmd, jobs and munge keep running)."""
         self._ask("stop-ctld")
+
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL `node`'s slurmd, as a dead host would leave it; its jobs' processes run on."""
+        self._ask(f"kill-slurmd {node}")
+
+    def start_slurmd(self, node: str) -> None:
+        """Start `node`'s slurmd again; returns at once (it registers in its own time)."""
+        self._ask(f"start-slurmd {node}")
 
     def start_controller(self) -> None:
         """Start slurmctld again on its saved state; returns once it answers."""
@@ -398,9 +407,10 @@ def write_cgroup_conf(d: Path, version: str) -> None:
 
 
 def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_S, gpus: int = GPUS,
-                  version: str = HOST_VERSION, preempt: str = "partition") -> SlurmCluster:
+                  version: str = HOST_VERSION, preempt: str = "partition", extra_conf: str = "") -> SlurmCluster:
     """preempt: "partition" (main preempts scavenger) or "qos" (in partition batch, QOS normal
-    preempts QOS scavenger; MariaDB and slurmdbd run for it, on the host's Slurm only)."""
+    preempts QOS scavenger; MariaDB and slurmdbd run for it, on the host's Slurm only).
+    `extra_conf`: lines added to slurm.conf."""
     ensure_slurm()
     if os.geteuid() != 0:
         pytest.fail("the test Slurm runs its daemons as root (SlurmUser=root)", pytrace=False)
@@ -414,7 +424,7 @@ def start_cluster(workdir: Path, nodes: int = 8, timeout: float = START_TIMEOUT_
                     pytrace=False)
     database = start_database(workdir / "mariadb") if preempt == "qos" else None
     try:
-        conf = write_conf(workdir, names, gpus, preempt, database)
+        conf = write_conf(workdir, names, gpus, preempt, database, extra_conf)
     except BaseException:
         if database is not None:
             database.stop()

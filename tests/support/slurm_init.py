@@ -5,6 +5,9 @@ where PID 1 does not), and obeys one-line commands on stdin:
 
     stop-ctld    stop slurmctld (as if it crashed or was taken down for maintenance)
     start-ctld   start it again on its saved state, wait until it answers
+    kill-slurmd NODE   SIGKILL that node's slurmd, as a dead host would leave it (its job
+                 steps, slurmstepd and the jobs' processes, run on: tests kill those themselves)
+    start-slurmd NODE  start that node's slurmd again (no wait: Slurm's view is the test's to watch)
     quit         cancel every job, wait until no slurmstepd is left, stop the daemons, report
                  any process still alive in the namespace, exit (the kernel then kills the rest)
 
@@ -258,6 +261,16 @@ def serve(init: Init) -> None:
             elif cmd == "start-ctld":
                 init.start_ctld()
                 say("ok started")
+            elif cmd.startswith(("kill-slurmd ", "start-slurmd ")) and cmd.split()[1] in init.nodes:
+                name = f"slurmd-{cmd.split()[1]}"
+                if cmd.startswith("kill-"):
+                    init.signal(name, signal.SIGKILL)
+                    init.wait(lambda: not init.alive(name), STOP_WAIT_S, f"{name} to exit")
+                    say("ok killed")
+                elif init.alive(name):
+                    say(f"error {name} is running")
+                else:
+                    say(f"ok started {init.spawn(name, ['slurmd', '-D', '-f', str(init.conf), '-N', cmd.split()[1]])}")
             else:
                 say(f"error unknown command {cmd!r}")
         except (RuntimeError, TimeoutError, OSError) as e:
