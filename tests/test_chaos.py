@@ -1,7 +1,7 @@
 """The chaos test of issue 56: jobs survive hosts that die the hard way. `python -m bench.faults
 --quick` on four hosts in network namespaces (ssh): while a runtime job and a torchrun job train
 on 2 hosts each, one host of each (in turn) loses its link and has its sshd and every process in
-it SIGKILLed, stays dead 30 s, and comes back. Both jobs finish their exact total samples and
+it SIGKILLed, stays dead 50 s, and comes back. Both jobs finish their exact total samples and
 never fail; no dead host is offered once noticed; each host is offered again within 30 s of its
 recovery; no healthy host is declared lost; each job trains again on its other host while the
 dead one is still dead, and grows back onto it once it returns. How soon (the 10 s / 15 s / 45 s
