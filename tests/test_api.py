@@ -375,7 +375,8 @@ def test_a_jobs_events_come_oldest_first_a_page_at_a_time_after_a_sequence_numbe
     assert events(f"?after={seqs[0]}")["events"] == rows[1:]
     nothing = events(f"?after={seqs[-1]}")
     assert nothing["events"] == [] and nothing["last"] == seqs[-1] and nothing["next"] is None, nothing
-    theirs = app.get("/api/jobs/S1/events")[1]["events"]
+    theirs = wait(lambda: app.get("/api/jobs/S1/events")[1].get("events"), 30,
+                  "the replayed job S1 registered, with its events (seen: not yet, under load)")
     assert theirs and not {e["seq"] for e in theirs} & set(seqs), "another job's events are its own"
 
 
