@@ -336,16 +336,27 @@ def submit():
         spec = JobSpec.model_validate(body)
     except ValidationError as e:
         return _err(422, "invalid job", errors=field_errors(e))
+    return _register(lambda: context.harvester.submit(spec, user.name, staff=user.is_staff, unix=user.unix))
+
+
+def _register(call: Callable, missing: str = "", **extra):
+    """Run a registration (a new job, or a resubmitted one) and answer it: 201 with the job, or
+    why not (404 `missing`: the job it continues is gone, 409 not here or not now, 422 invalid,
+    503 not stored)."""
     try:
-        job = context.harvester.submit(spec, user.name, staff=user.is_staff, unix=user.unix)
-    except Unsupported as e:
+        job = call()
+    except KeyError:
+        if not missing:
+            raise
+        return _err(404, missing)
+    except (Conflict, Unsupported) as e:
         return _err(409, str(e))
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
     except RuntimeError as e:
         return _err(503, str(e))
-    return _created(job)
+    return _created(job, **extra)
 
 
 def _created(job, **extra):
@@ -369,19 +380,8 @@ def resubmit(job_id):
     if bad:
         return bad
     user = context.current_user()
-    h = context.harvester
-    try:
-        job = h.resubmit(job_id, user.name, staff=user.is_staff, unix=user.unix)
-    except KeyError:
-        return _err(404, f"no job {job_id}")
-    except (Conflict, Unsupported) as e:
-        return _err(409, str(e))
-    except ValueError as e:
-        field, _, msg = str(e).partition(": ")
-        return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})
-    except RuntimeError as e:
-        return _err(503, str(e))
-    return _created(job, resubmitted_from=job_id)
+    return _register(lambda: context.harvester.resubmit(job_id, user.name, staff=user.is_staff, unix=user.unix),
+                     missing=f"no job {job_id}", resubmitted_from=job_id)
 
 
 @bp.delete("/jobs/<job_id>")

@@ -219,12 +219,16 @@ class Client:
         ("queued", "running", "done", "failed", "cancelled") or of `owner` ("" is the replayed
         job set's)."""
         query = {k: v for k, v in (("state", state), ("owner", owner)) if v is not None}
-        path: Optional[str] = "/api/jobs" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        out: list[Job] = []
-        while path:
-            page = self._request("GET", path)
-            out += page["jobs"]
-            path = page.get("next")
+        return self._pages("/api/jobs" + (f"?{urllib.parse.urlencode(query)}" if query else ""), "jobs")
+
+    def _pages(self, path: str, key: str) -> list:
+        """Every page of a listing, following each answer's `next`."""
+        out: list = []
+        next_path: Optional[str] = path
+        while next_path:
+            page = self._request("GET", next_path)
+            out += page[key]
+            next_path = page.get("next")
         return out
 
     def cancel(self, job_id: str) -> Job:
@@ -253,14 +257,8 @@ class Client:
     def events(self, job_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
         """The job's events with a `seq` above `after`, oldest first (page after page of `limit`,
         1 to 1000): `events(id, after=last_seq)` asks only for what is new. ApiError 404 no job."""
-        query: Optional[str] = urllib.parse.urlencode({"after": after, "limit": limit})
-        path: Optional[str] = f"/api/jobs/{_quote(job_id)}/events?{query}"
-        out: list[Event] = []
-        while path:
-            page = self._request("GET", path)
-            out += page["events"]
-            path = page.get("next")
-        return out
+        query = urllib.parse.urlencode({"after": after, "limit": limit})
+        return self._pages(f"/api/jobs/{_quote(job_id)}/events?{query}", "events")
 
     def wait(self, job_id: str, states: tuple[str, ...] = FINISHED, timeout: Optional[float] = None,
              poll_s: float = 1.0, check: bool = False, progress: Optional[Callable[[Job], None]] = None) -> Job:
