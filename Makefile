@@ -52,6 +52,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.fairshare
 	$(PY) -m bench.faults
 	$(PY) -m bench.startup
+	$(PY) -m bench.metrics
 
 clean:
 	rm -rf $(VENV) .pytest_cache

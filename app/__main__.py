@@ -28,6 +28,7 @@ from typing import Optional
 from core.admission import DEFAULT_USER_MAX_JOBS
 from core.crashes import DEFAULT_CRASH_WINDOW_S
 from core.errors import InputError, SettingsError
+from core.registrations import DEFAULT_PER_DAY, DEFAULT_PER_MINUTE
 from core.settings import (CURVES, DEFAULT_JOBS, DEFAULT_TRACE, LOG_LEVELS, OBJECTIVES, POLICIES, QUEUE_ORDERS, HarvesterSettings,
                            OptionError, Options, WebSettings, check_listeners, parse_tfwd, web_listen)
 
@@ -45,6 +46,7 @@ DEMO_VISITOR_SLOTS = 2
 FLAGS = {"tick_s": "--tick", "live.workers.crash_window_s": "--crash-window",
          "live.workers.heartbeat_timeout_s": "--heartbeat-timeout",
          "live.workers.start_timeout_s": "--start-timeout", "live.workers.rendezvous_timeout_s": "--rendezvous-timeout",
+         "live.workers.max_pids": "--job-max-pids", "live.workers.max_checkpoint_gib": "--job-max-checkpoint-gib",
          "live.inventory": "--nodes", "live.profiler": "--no-profiler",
          "replay.node_list": "--node-list"}
 
@@ -152,11 +154,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="live: a torchrun generation whose ranks have not all joined rank 0's store and formed "
                            "their process group this long after its start fails, naming the ranks that never "
                            "arrived (default 60)")
+    live.add_argument("--job-max-pids", type=int, metavar="N",
+                      help="live: a job whose processes on one node number more than this fails (kind limit), "
+                           "its processes there killed (default 512; 0: no cap)")
+    live.add_argument("--job-max-checkpoint-gib", type=float, metavar="GIB",
+                      help="live: a job whose checkpoint folder takes more disk than this fails (kind limit); "
+                           "nothing is deleted (default 50; 0: no cap)")
     live.add_argument("--no-profiler", action="store_true",
                       help="live: take every job's curve as given (then a curve is required)")
     ap.add_argument("--user-max-jobs", type=int, default=DEFAULT_USER_MAX_JOBS, metavar="N",
                     help=f"queued plus running jobs one user may have; staff are exempt (default "
                          f"{DEFAULT_USER_MAX_JOBS}; 0: no limit)")
+    ap.add_argument("--user-jobs-per-minute", type=int, default=DEFAULT_PER_MINUTE, metavar="N",
+                    help=f"jobs one user may register in any 60 s; one more is a 429 with Retry-After; staff are "
+                         f"exempt (default {DEFAULT_PER_MINUTE}; 0: no limit)")
+    ap.add_argument("--user-jobs-per-day", type=int, default=DEFAULT_PER_DAY, metavar="N",
+                    help=f"jobs one user may register in any 24 h, cancelled ones counted too (a 429); staff are "
+                         f"exempt (default {DEFAULT_PER_DAY}; 0: no limit)")
     ap.add_argument("--tick", type=float, help="seconds between scheduler ticks (replay 0.5, live 0.2)")
     web = ap.add_argument_group("web server")
     web.add_argument("--threads", type=int, default=WebConfig.threads,
@@ -173,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
                           f"sending them is closed (default {WebConfig.header_timeout_s:g})")
     web.add_argument("--session-idle", type=float, default=WebConfig.session_idle_s, metavar="S",
                      help=f"seconds a browser login lasts unused (default {WebConfig.session_idle_s:g})")
+    web.add_argument("--session-max", type=float, default=WebConfig.session_max_s, metavar="S",
+                     help=f"seconds a browser login lasts at most, however much it is used "
+                          f"(default {WebConfig.session_max_s:g})")
+    web.add_argument("--metrics-interval", type=float, default=WebConfig.metrics_interval_s, metavar="S",
+                     help=f"/metrics is rebuilt at most every S seconds; scrapes in between get the last text "
+                          f"(default {WebConfig.metrics_interval_s:g}; 0: rebuilt on every scrape)")
+    web.add_argument("--metrics-token-file", type=Path, metavar="FILE",
+                     help="/metrics answers only requests with Authorization: Bearer <the token on FILE's first "
+                          "line>, others a 401 (default: open to anyone who can reach the port)")
     web.add_argument("--secure-cookies", action="store_true",
                      help="send the login cookie over HTTPS only (a site behind TLS)")
     slurm_options.add_options(ap)
@@ -236,7 +259,8 @@ def live_settings(args) -> dict:
             "profiler": not args.no_profiler, "profile_sizes": args.profile_sizes, "config": config,
             "workers": {"crash_window_s": args.crash_window, "heartbeat_timeout_s": args.heartbeat_timeout,
                         "start_timeout_s": args.start_timeout,
-                        "rendezvous_timeout_s": args.rendezvous_timeout}}
+                        "rendezvous_timeout_s": args.rendezvous_timeout, "max_pids": args.job_max_pids,
+                        "max_checkpoint_gib": args.job_max_checkpoint_gib}}
     if args.source == "slurm":
         live["slurm"] = slurm_options.settings_from(args)
     return live
@@ -256,7 +280,8 @@ def listen_on(args, settings: HarvesterSettings) -> str:
 
 def settings_from(args) -> HarvesterSettings:
     """The command line as settings (checked there, once); raises SettingsError or ValueError."""
-    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick, "user_max_jobs": args.user_max_jobs}
+    data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick, "user_max_jobs": args.user_max_jobs,
+                  "user_jobs_per_minute": args.user_jobs_per_minute, "user_jobs_per_day": args.user_jobs_per_day}
     if bool(args.dispatch) or args.source == "slurm":
         data["live"] = live_settings(args)
     else:

@@ -9,7 +9,8 @@ model as the web form.
     GET    /api/jobs           [?state=running&owner=alice&limit=1000&offset=0]; each with the profiler's
                                confidence and its ranks (the slots of its nodes; simulated workers: the
                                GPUs it holds); a page in registration order: count, total, next
-    POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}}
+    POST   /api/jobs           JobSpec -> 201 job | 401 | 422 {"errors": {field: message}} | 429 (Retry-After:
+                               over --user-jobs-per-minute or --user-jobs-per-day)
     GET    /api/jobs/<id>      with its curve, "why", and "profile" (what the profiler learned, or null)
     DELETE /api/jobs/<id>      -> 200 job | 401 | 403 (not yours) | 404 | 409 (already ended)
     POST   /api/jobs/<id>/resubmit  a failed or cancelled job continued as a new one from its checkpoint
@@ -47,13 +48,14 @@ from werkzeug.routing import Map, RequestRedirect, Rule
 from core.explain import horizon_of, why
 from core.model import LAUNCHER_TORCHRUN, JobState
 from core.schemas import JobSpec, field_errors
-from core.service import USAGE_BY, Conflict, Unsupported
+from core.service import USAGE_BY, Conflict, TooManyRegistrations, Unsupported
 from core.settings import SPEED_MAX, SPEED_MIN
 from core.snapshot import BUSY, HELD, LOST_PREFIX
 
 from . import context
 from .auth import TOKEN_TTL_S
 from .format import finite
+from .job_list import jobs_page
 from .openapi import (EPOCH_MAX, EPOCH_MIN, EVENTS_DEFAULT, EVENTS_MAX, LOG_LINES_DEFAULT, LOG_LINES_MAX,
                       OFFSET_MAX, PAGE_DEFAULT, PAGE_MAX, SEQ_MAX, document as api_document)
 from .signin import Refused
@@ -231,13 +233,13 @@ def jobs():
         return _err(422, f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}", states=list(JOB_STATES))
     limit = _whole_arg("limit", PAGE_DEFAULT, PAGE_MAX)
     offset = _whole_arg("offset", 0, OFFSET_MAX)
-    match = [j for j in snap.jobs if (not state or j["state"] == state) and (owner is None or j["owner"] == owner)]
-    out = [_job_json(j) for j in match[offset:offset + limit]]
+    match, total = jobs_page(snap, context.history, owner, state, offset, limit)   # ended jobs: the store's
+    out = [_job_json(j) for j in match]
     after = offset + len(out)
     nxt = None
-    if limit and after < len(match):        # limit 0 never gets further: no next page to follow
+    if limit and after < total:        # limit 0 never gets further: no next page to follow
         nxt = "/api/jobs?" + urlencode({**request.args.to_dict(), "offset": after, "limit": limit})
-    return jsonify({"jobs": out, "count": len(out), "total": len(match), "offset": offset, "limit": limit,
+    return jsonify({"jobs": out, "count": len(out), "total": total, "offset": offset, "limit": limit,
                     "next": nxt})
 
 
@@ -245,7 +247,8 @@ def jobs():
 def job(job_id):
     h = context.harvester
     snap = h.snapshot
-    info, job = snap.job(job_id), h.job(job_id)
+    job = h.job(job_id)
+    info = snap.line(job) if job is not None else None     # an ended job the snapshot no longer lists: as stored
     if info is None or job is None:
         return _err(404, f"no job {job_id}")
     body = _job_json(info)
@@ -342,7 +345,7 @@ def submit():
 def _register(call: Callable, missing: str = "", **extra):
     """Run a registration (a new job, or a resubmitted one) and answer it: 201 with the job, or
     why not (404 `missing`: the job it continues is gone, 409 not here or not now, 422 invalid,
-    503 not stored)."""
+    429 over the owner's registrations per minute or day, 503 not stored)."""
     try:
         job = call()
     except KeyError:
@@ -351,6 +354,10 @@ def _register(call: Callable, missing: str = "", **extra):
         return _err(404, missing)
     except (Conflict, Unsupported) as e:
         return _err(409, str(e))
+    except TooManyRegistrations as e:
+        resp = _err(429, str(e).partition(": ")[2] or str(e))
+        resp.headers["Retry-After"] = str(e.retry_after)
+        return resp
     except ValueError as e:
         field, _, msg = str(e).partition(": ")
         return _err(422, "invalid job", errors={field: msg} if msg else {"job": str(e)})

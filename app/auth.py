@@ -6,11 +6,12 @@ Users come from a JSON file of hashed passwords (`python -m app.users add NAME`)
 names the Unix account their jobs run as (where the site has a launcher, `--run-as`), `account`
 the account or project their usage is reported under (`GET /api/usage?by=account`), `quota`
 their node cap and node-hours per day or week (with the file's `quota_defaults` and `accounts`:
-core.quotas, docs/operators/quotas.md). The web app keeps
-the login in Flask's signed session cookie; the API takes a bearer token from `POST /api/token`
-(signed with the same secret, valid for `TOKEN_TTL_S`). Both carry a stamp of the user's
-password hash: changing the password (`python -m app.users passwd`) revokes every token and
-logs out every browser of that user. A users file is re-read when it changes.
+core.quotas, docs/operators/quotas.md). A browser's login is a
+server-side session (app.sessions; the signed cookie holds only its id); the API takes a bearer
+token from `POST /api/token` (signed with the same secret, valid for `TOKEN_TTL_S`, kept nowhere).
+Both carry a stamp of the user's password hash: changing the password (`python -m app.users
+passwd`) revokes every token and ends every session of that user. A users file is re-read when
+it changes, and whoever watches it (`Users.watch`) is told.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -68,6 +69,11 @@ class Users:
         self._seen = _file_state(path) if path else None
         self._next_look = time.monotonic() + RELOAD_CHECK_S
         self._lock = threading.Lock()
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call `changed()` each time the users file is read again (sessions end stale logins)."""
+        self._watchers.append(changed)
 
     def _refresh(self) -> None:
         """Take in the users file's changes (a new password, a removed user) while running."""
@@ -84,6 +90,8 @@ class Users:
             except (OSError, ValueError) as e:
                 log.error("users file not reloaded, the previous users stay: %s", e)
             self._seen = state
+        for changed in self._watchers:
+            changed()
 
     @classmethod
     def parse(cls, text: str, source: str) -> "Users":
@@ -166,6 +174,11 @@ class Users:
     def get(self, name: Optional[str]) -> Optional[User]:
         self._refresh()
         return self.users.get(name) if name else None
+
+    def listed(self) -> list[User]:
+        """Every user as the users file says now."""
+        self._refresh()
+        return list(self.users.values())
 
 
 def _file_state(path: Path) -> Optional[tuple[int, int, int]]:

@@ -4,8 +4,9 @@ Set once by `web.create_app`; pages read it when their callbacks run, never at i
 """
 from __future__ import annotations
 
+import logging
 import secrets
-import time
+import sqlite3
 from typing import Optional
 
 import flask
@@ -16,9 +17,10 @@ from .auth import Tokens, User, Users, holder
 from .grid import CellCache
 from .gridupdates import UpdateCache
 from .queries import History
+from .sessions import SessionStore
 from .signin import Gate
-from .webconfig import WebConfig
 
+log = logging.getLogger(__name__)
 BOOT = secrets.token_hex(4)   # tells a browser's cached grid apart from another process's
 
 harvester: Optional[Harvester] = None
@@ -28,7 +30,7 @@ history: Optional[History] = None
 cells = CellCache()
 updates: UpdateCache = UpdateCache()   # grid updates, one per pair of snapshots for every viewer
 gate = Gate()
-session_idle_s: float = WebConfig.session_idle_s
+sessions: Optional[SessionStore] = None    # browser logins, server-side (app.sessions)
 
 
 def current_user() -> Optional[User]:
@@ -40,26 +42,37 @@ def current_user() -> Optional[User]:
 
 
 def session_user() -> Optional[User]:
-    """The browser's user: its session must be bound to the user's current password and have
-    been used within `session_idle_s`; the time of use is renewed now and then, not at every
-    request, so that the cookie does not change every second."""
-    s = flask.session
-    if "user" not in s:
-        return None
-    now = time.time()
-    seen = s.get("seen")
-    user = holder(tokens.secret, users, s.get("user"), s.get("stamp"))
-    if user is None or not isinstance(seen, (int, float)) or now - seen > session_idle_s:
-        for k in ("user", "stamp", "seen"):
-            s.pop(k, None)
-        return None
-    if now - seen > min(60.0, session_idle_s / 4):
-        s["seen"] = now
+    """The browser's user: the cookie's session id must name a live server-side session (not
+    logged out, within its idle and absolute lifetimes) bound to the user's current password."""
+    found = sessions.find(flask.session.get("sid"))
+    user = holder(tokens.secret, users, found.user, found.stamp) if found is not None else None
+    if user is None:
+        if found is not None:
+            end_stale_sessions()             # the password changed: every older session of theirs ends
+        for k in [k for k in flask.session if k != "_flashes"]:
+            flask.session.pop(k, None)
     return user
 
 
 def start_session(user: User) -> None:
-    """Log this browser in as `user`."""
-    flask.session.clear()
-    flask.session.update(user=user.name, stamp=tokens.stamp(user), seen=time.time())
+    """Log this browser in as `user`: a new session id (never the one it came with)."""
+    end_session()
+    flask.session["sid"] = sessions.open(user.name, tokens.stamp(user))
     flask.session.permanent = True
+
+
+def end_session() -> None:
+    """Log this browser out: its session ends server-side, so the old cookie is worth nothing."""
+    sessions.end(flask.session.get("sid"))
+    flask.session.clear()
+
+
+def end_stale_sessions() -> None:
+    """End the sessions of removed users and of passwords changed since (users file re-read)."""
+    try:
+        ended = sessions.end_stale({u.name: tokens.stamp(u) for u in users.listed()})
+    except sqlite3.Error as e:          # they are refused anyway (their stamp no longer matches)
+        log.error("stale browser sessions not ended: %s", e)
+        return
+    if ended:
+        log.info("%d browser session(s) ended: their user was removed or changed password", ended)

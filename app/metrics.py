@@ -1,6 +1,9 @@
-"""`GET /metrics` in Prometheus text format, computed at scrape time from the last snapshot
-(nothing is counted twice and a scrape never waits on the allocator)."""
+"""`GET /metrics` in Prometheus text format, built from the last snapshot (nothing is counted
+twice and a scrape never waits on the allocator) at most every --metrics-interval seconds
+(app/scrape.py), each build costing what is live, not the history (core/usage_tally.py)."""
 from __future__ import annotations
+
+from typing import Optional
 
 import flask
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,11 +14,28 @@ from core.snapshot import SOLVE_BUCKETS_S
 
 from . import context
 from .logs import skipped_ticks
+from .scrape import CachedText, authorized
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
+ENDED = STATES[2:]
 
 
 class HarvesterCollector:
+    def __init__(self) -> None:
+        self.cache: Optional[CachedText] = None
+
+    def own_counters(self):
+        """What serving /metrics costs: builds made, and how long the last one took."""
+        if self.cache is None:
+            return
+        c = CounterMetricFamily("harvest_metrics_builds", "Builds of this text (at most one per "
+                                "--metrics-interval, however many clients scrape)")
+        c.add_metric([], self.cache.rebuilds)
+        yield c
+        g = GaugeMetricFamily("harvest_metrics_build_seconds", "How long the last build of this text took")
+        g.add_metric([], self.cache.last_build_s)
+        yield g
+
     def collect(self):
         snap = context.harvester.snapshot
         k = snap.kpis
@@ -44,6 +64,9 @@ class HarvesterCollector:
         counts = dict.fromkeys(STATES, 0)
         for j in snap.jobs:
             counts[j["state"]] = counts.get(j["state"], 0) + 1
+        for s in ENDED:       # the controller's counts: a snapshot may list only the newest ended jobs
+            if isinstance(k.get(s), int):
+                counts[s] = k[s]
         for s, n in counts.items():
             g.add_metric([s], n)
         yield g
@@ -56,6 +79,7 @@ class HarvesterCollector:
         c.add_metric([], skipped_ticks.count)
         yield c
         yield from usage_counters()
+        yield from self.own_counters()
         yield from quota_gauges(snap.quotas)
         yield from fair_share_gauges(snap.fair_shares)
         yield from pilot_counters()
@@ -68,18 +92,17 @@ class HarvesterCollector:
 
 def usage_counters():
     """Node-seconds, GPU-seconds and samples per owner since the run began, from the store's
-    history as of its last save (GET /api/usage): they survive a restart, and only grow."""
-    rep = context.harvester.usage(None, None, "owner")
+    history as of its last save (GET /api/usage's figures, kept up to date from what is new):
+    they survive a restart, and only grow."""
     families = (CounterMetricFamily("harvest_owner_node_seconds", "Node-seconds held by each owner's jobs",
                                     labels=["owner"]),
                 CounterMetricFamily("harvest_owner_gpu_seconds", "GPU-seconds (node-seconds x the node's slots) held "
                                     "by each owner's jobs", labels=["owner"]),
                 CounterMetricFamily("harvest_owner_samples", "Samples processed by each owner's jobs",
                                     labels=["owner"]))
-    for row in rep.rows:
-        t = row.totals
+    for owner, t in sorted(context.harvester.usage_totals().items()):
         for family, value in zip(families, (t.node_seconds, t.gpu_seconds, t.samples)):
-            family.add_metric([row.key], value)
+            family.add_metric([owner], value)
     yield from families
 
 
@@ -147,10 +170,18 @@ def pilot_counters():
     yield hist
 
 
-def register(server: flask.Flask) -> None:
+def register(server: flask.Flask, interval_s: float = 0.0, token: Optional[str] = None) -> CachedText:
+    """/metrics, rebuilt at most every `interval_s`; with a `token`, only for requests that
+    bring it (Authorization: Bearer), others a 401."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HarvesterCollector())
+    collector = HarvesterCollector()
+    registry.register(collector)
+    collector.cache = cache = CachedText(lambda: generate_latest(registry), interval_s)
 
     @server.get("/metrics")
     def metrics():
-        return flask.Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        if not authorized(flask.request.headers.get("Authorization"), token):
+            return flask.Response("send Authorization: Bearer <the token of --metrics-token-file>\n", 401,
+                                  {"WWW-Authenticate": 'Bearer realm="metrics"'}, mimetype="text/plain")
+        return flask.Response(cache.get(), mimetype=CONTENT_TYPE_LATEST)
+    return cache

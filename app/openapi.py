@@ -141,7 +141,9 @@ def document(version: str = "1") -> dict:
                         "required": ["jobs", "node_seconds", "gpu_seconds", "node_hours", "samples", "idle_share"],
                         "properties": {"jobs": {"type": "integer"}, "node_seconds": {"type": "number"},
                                        "gpu_seconds": {"type": "number"}, "node_hours": {"type": "number"},
-                                       "samples": {"type": "number"},
+                                       "samples": {"type": ["number", "null"],
+                                                   "description": "null: not a finite number (every answer is "
+                                                                  "strict JSON)"},
                                        "idle_node_seconds": {"type": "number",
                                                              "description": "total only: node-seconds idle in the window"},
                                        "idle_share": {"type": ["number", "null"],
@@ -208,6 +210,8 @@ def document(version: str = "1") -> dict:
                                                  "large for this site, too many jobs of this user, or a "
                                                  "command this user may not run here); nothing stored"),
                                    "409": _error("the replay has ended: nothing would run the job"),
+                                   "429": _retry("this user registered their most jobs per minute or per day "
+                                                 "(cancelled ones count too); nothing stored"),
                                    "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}": {
             "parameters": [job_id],
@@ -233,6 +237,7 @@ def document(version: str = "1") -> dict:
                                                  "cannot be copied, or the replay has ended"),
                                    "422": _error("refused as a new registration would be (`errors` says why: "
                                                  "too many jobs of its owner, a command no longer allowed, ...)"),
+                                   "429": _retry("its owner registered their most jobs per minute or per day"),
                                    "503": _error("the harvester is not running, or the store is failing")}}},
         "/api/jobs/{job_id}/logs": {
             "parameters": [job_id],

@@ -5,8 +5,51 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+#: the states a job ends in: the store holds these jobs once the controller lets them go
+ENDED = ("done", "failed", "cancelled")
+#: how stored jobs sort for each order a list offers (ascending, descending): as app/job_list.py's
+#: KEYS sort a job's entry, ties by row; orders where every stored job's entry is alike (nodes
+#: now, rate, ETA, curve) keep the rows' order. "state": ended jobs, the latest end first
+ORDERS: dict[str, tuple[str, str]] = {
+    "": ("rowid", "rowid"),
+    "registration": ("rowid", "rowid desc"),
+    "id": ("id", "id desc"),
+    "name": ("name is null, name, rowid", "name is null, name desc, rowid"),
+    "owner": ("owner is null, owner, rowid", "owner is null, owner desc, rowid"),
+    "submit_time": ("submit_time, rowid", "submit_time desc, rowid"),
+    "progress": ("coalesce(samples_done, 0) / total_samples, rowid",
+                 "coalesce(samples_done, 0) / total_samples desc, rowid"),
+    "state": ("end_time desc, rowid", "end_time, rowid"),
+}
+
+
+@dataclass(frozen=True)
+class StoredFilter:
+    """Which stored jobs a list wants: `states`, one `owner` (None: any), lower-case `text` found
+    in the id, name or owner, and ids to leave out (those the snapshot lists)."""
+
+    states: tuple[str, ...] = ENDED
+    owner: Optional[str] = None
+    text: str = ""
+    skip: tuple[str, ...] = ()
+
+    def sql(self) -> tuple[str, tuple]:
+        terms, args = [f"state in ({', '.join('?' * len(self.states))})"], [*self.states]
+        if self.owner is not None:
+            terms.append("owner = ?")
+            args.append(self.owner)
+        if self.text:
+            terms.append("(instr(lower(id), ?) or instr(lower(coalesce(name, '')), ?) "
+                         "or instr(lower(coalesce(owner, '')), ?))")
+            args += [self.text] * 3
+        if self.skip:
+            terms.append("id not in (select value from json_each(?))")   # one argument, however many
+            args.append(json.dumps(self.skip))
+        return "where " + " and ".join(terms), tuple(args)
 
 
 class History:
@@ -65,6 +108,26 @@ class History:
     def job_row(self, job: str) -> Optional[dict]:
         rows = self.rows("select * from jobs where id = ?", (job,))
         return rows[0] if rows else None
+
+    def count_jobs(self, flt: "StoredFilter") -> int:
+        where, args = flt.sql()
+        rows = self.rows(f"select count(*) as n from jobs {where}", args)
+        return rows[0]["n"] if rows else 0
+
+    def stored_jobs(self, flt: "StoredFilter", order: str, descending: bool, offset: int,
+                    limit: int) -> list[dict]:
+        """Rows [offset, offset + limit) of the stored jobs `flt` lets through, in `order` (a key
+        of ORDERS), each with its `rowid`: the ended jobs the controller no longer holds."""
+        where, args = flt.sql()
+        by = ORDERS.get(order, ORDERS[""])[descending]
+        return self.rows(f"select rowid as rowid, * from jobs {where} order by {by} limit ? offset ?",
+                         (*args, limit, offset))
+
+    def rowids(self, ids: list[str]) -> dict[str, int]:
+        """The store's row number of each of `ids` it has (its registration order)."""
+        rows = self.rows("select id, rowid as rowid from jobs where id in (select value from json_each(?))",
+                         (json.dumps(ids),))
+        return {r["id"]: r["rowid"] for r in rows}
 
     def solver_runs(self, limit: int = 25) -> list[dict]:
         return self.rows("select * from solver_runs order by id desc limit ?", (limit,))

@@ -1,7 +1,8 @@
 """The browser's login: `POST /login` (the form on /login) and `POST /logout`.
 
-The signed session cookie holds the user's name; a failed or throttled login answers with the
-dashboard page itself (status 401 or 429 with `Retry-After`), its message flashed into /login.
+The signed session cookie holds only a server-side session's id (app.sessions), which logout
+ends for good; a failed or throttled login answers with the dashboard page itself (status 401 or
+429 with `Retry-After`), its message flashed into /login.
 """
 from __future__ import annotations
 
@@ -41,6 +42,6 @@ def register(app: dash.Dash) -> None:
 
     @server.post("/logout")
     def logout():
-        flask.session.clear()
+        context.end_session()
         flask.flash("Logged out.", "ok")
         return flask.redirect("/login", 303)

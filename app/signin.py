@@ -2,10 +2,13 @@
 
 Failed attempts are throttled per user name and per client address, and password hashing (a
 32 MiB scrypt for werkzeug's default hashes) runs in a few slots only, so that guesses, however
-parallel, neither go fast nor occupy every server thread.
+parallel, neither go fast nor occupy every server thread. Each failed or refused attempt is one
+warning in the log: the name as given, escaped (`repr`, cut to `LOGGED_NAME_CHARS`) so that no
+name can forge a line, and the client's address; never the password.
 """
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass, field
@@ -13,6 +16,9 @@ from typing import Optional
 
 from .auth import User, Users
 from .throttle import FailureWindow, Limit
+
+LOGGED_NAME_CHARS = 64        # of a refused name, in the log (a name may be a megabyte of anything)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,19 @@ class Gate:
         self._slots = threading.BoundedSemaphore(policy.hashing_slots)
 
     def login(self, users: Users, name: str, password: str, address: str) -> Optional[User]:
-        """The user, None for a wrong name or password; raises Refused when throttled or busy."""
+        """The user, None for a wrong name or password; raises Refused when throttled or busy.
+        Either way but success, one log line says so."""
+        try:
+            user = self._login(users, name, password, address)
+        except Refused as e:
+            log.warning("login refused (%s) for user %s from %s", "throttled" if e.status == 429 else "busy",
+                        _shown(name), address)
+            raise
+        if user is None:
+            log.warning("failed login for user %s from %s", _shown(name), address)
+        return user
+
+    def _login(self, users: Users, name: str, password: str, address: str) -> Optional[User]:
         ukey, akey = f"user:{name}", f"addr:{address}"
         wait, ustamp = self._users.reserve(ukey)      # counted as failed until it succeeds
         if wait > 0:
@@ -61,3 +79,8 @@ class Gate:
             self._users.clear(ukey)
             self._addresses.forgive(akey, astamp)
         return user
+
+
+def _shown(name: str) -> str:
+    """A user name as the log shows it: quoted, its control characters escaped, cut short."""
+    return repr(name[:LOGGED_NAME_CHARS]) + ("..." if len(name) > LOGGED_NAME_CHARS else "")

@@ -12,8 +12,9 @@ from dash import Input, Output, dcc, html
 from core.service import Harvester
 
 from . import context, ids
-from .auth import TOKEN_TTL_S, Tokens, Users, secret_key
+from .auth import Tokens, Users, secret_key
 from .queries import History
+from .sessions import Lifetimes, SessionStore
 from .webconfig import WebConfig
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +27,10 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
     harvester.quota_source = users.quotas     # node caps and period quotas from the users file
     key = secret_key(harvester.db)
     context.tokens = Tokens(key)
-    context.session_idle_s = web.session_idle_s
+    context.sessions = SessionStore(Path(f"{harvester.db}.sessions"),
+                                    Lifetimes(web.session_idle_s, web.session_max_s))
+    users.watch(context.end_stale_sessions)    # a password changed: that user's sessions end
+    context.end_stale_sessions()               # and those changed while the server was down
     context.history = History(harvester.db)
     app = dash.Dash(__name__, use_pages=True, pages_folder=str(HERE / "pages"),
                     assets_folder=str(HERE.parent / "assets"), title="Idle-node harvester",
@@ -34,19 +38,22 @@ def create_app(harvester: Harvester, users: Users, web: WebConfig = WebConfig())
     server = app.server
     server.secret_key = key
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
-                         PERMANENT_SESSION_LIFETIME=TOKEN_TTL_S, SESSION_REFRESH_EACH_REQUEST=False,
+                         PERMANENT_SESSION_LIFETIME=web.session_max_s, SESSION_REFRESH_EACH_REQUEST=False,
                          SESSION_COOKIE_SECURE=web.secure_cookies,
                          MAX_CONTENT_LENGTH=web.max_body_bytes)
     app.layout = shell
-    from . import api, callback_inputs, dasherrors, gridserve, jsondepth, metrics, security, session
+    from . import (api, callback_inputs, dasherrors, gridserve, jsondepth, metrics, nostore, security, session,
+                   strictjson)
+    strictjson.install(server)          # every jsonify: no NaN or Infinity, sent as null
     jsondepth.register(server)          # first: nothing below parses a body nested too deep
     dasherrors.register(server)
     security.protect(app)
-    callback_inputs.register(server)
+    callback_inputs.register(app)
     gridserve.register(server)          # after the checks above: answers the grid callback itself
     api.register(server)
-    metrics.register(server)
+    metrics.register(server, web.metrics_interval_s, web.metrics_token)
     session.register(app)
+    nostore.register(server)            # pages and API answers never kept in a cache
     return app
 
 

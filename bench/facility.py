@@ -316,7 +316,7 @@ def play(sl: Slice, jobs: list[Job], harvester: bool, version: str, folder: Path
         log(f"{what}: {len(initial)} main job(s) under way at the window's start are running")
         if harvester:
             app = start_app(folder / "app", "--source", "slurm", *cluster.app_args(), "--dispatch", "simulated",
-                            "--no-profiler", "--slurm-max-pilots", str(len(sl.names)))
+                            "--no-profiler", "--slurm-max-pilots", str(len(sl.names)), "--metrics-interval", "0")
             token = app.token("alice")
             for j in jobs:
                 status, body = app.request("POST", "/api/jobs", {

@@ -1,6 +1,7 @@
 """Soak: does the served harvester's memory stay flat over the whole two-week Summit trace?
 
     python -m bench.soak [--json] [--days N] [--speed S] [--jobs 20] [--every 2]
+    python -m bench.soak --hostile ...     (bench/hostile.py: one user's hostile jobs, a live harvester)
 
 It starts the real app (`python -m app --fresh --start <trace start> --speed S`, by default the
 top speed the app accepts, core.settings.SPEED_MAX) on loopback with a fresh store in a temporary
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.hostile import main as hostile_main
+from bench.procmem import memory_mib
 from core.settings import SPEED_MAX
 from tests.support.server import AppProcess, start_app
 
@@ -44,16 +47,6 @@ JOB = {"min_nodes": 1, "max_nodes": 64, "total_samples": 1.0e9, "curve": "1:1200
 
 def log(msg: str) -> None:
     print(f"[bench.soak] {msg}", file=sys.stderr, flush=True)
-
-
-def memory_mib(pid: int) -> tuple[float, float]:
-    """(resident, peak resident) MiB of `pid`, from /proc (VmRSS, VmHWM; kB there)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) / 1024.0
-    return fields["VmRSS"], fields["VmHWM"]
 
 
 def sample(app: AppProcess) -> Optional[dict]:
@@ -132,6 +125,9 @@ def table(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--hostile" in argv:
+        return hostile_main([a for a in argv if a != "--hostile"])
     ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     ap.add_argument("--days", type=float, help="stop after this many simulated days (default: the whole trace)")
     ap.add_argument("--speed", type=float, default=SPEED_MAX, help=f"replay speed (default {SPEED_MAX:g}, the top)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from .model import Curve
+
 #: queued plus running jobs one user may have (staff are exempt); 0: no limit
 DEFAULT_USER_MAX_JOBS = 20
 
@@ -43,6 +45,13 @@ def runs_as(has_command: bool, unix: str, site_maps: bool, staff: bool, trusted:
     return "", ("command: this site runs commands only for staff: it maps no login to a Unix account, and a "
                 "command would run with the harvester's own rights; ask staff to run it, or to map logins to "
                 "Unix accounts")
+
+
+def progresses(curve: Curve, lo: int, hi: int) -> bool:
+    """The curve gives some throughput at a size from `lo` to `hi` nodes (it is piecewise linear,
+    so its largest value there is at an end or at one of its points)."""
+    sizes = [lo, hi, *(n for n in curve.nodes if lo <= n <= hi)]
+    return any(curve(n) > 0 for n in sizes)
 
 
 def can_start(min_nodes: int, idle: int) -> bool:

@@ -14,10 +14,12 @@ from typing import Callable, Optional, Sequence
 
 from .dispatchers.base import Dispatcher
 from .dispatchers.simulated import SimulatedDispatcher
+from .dispatchers.limits import GIB, JobLimits
 from .dispatchers.workers import WorkerDispatcher
 from .errors import SettingsError
 from .inventory import load_inventory, local_nodes
 from .nodecheck import NodeCheck, check_nodes
+from .registrations import Registrations
 from .service import Harvester, LiveHarvester, ReplayHarvester
 from .settings import HarvesterSettings, LiveSettings, SlurmSettings
 from .slurm.hub import PilotHub
@@ -35,6 +37,7 @@ def build(settings: HarvesterSettings) -> Harvester:
     nothing started that would outlive the call."""
     harvester = _build(settings)
     harvester.user_max_jobs = settings.user_max_jobs
+    harvester.registrations = Registrations(settings.registration_limits)
     return harvester
 
 
@@ -152,7 +155,7 @@ def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                             max_crashes=w.max_crashes, rejoin_after_s=w.rejoin_after_s, sample_s=w.sample_s,
                             crash_window_s=w.crash_window_s, heartbeat_timeout_s=w.heartbeat_timeout_s,
                             start_timeout_s=w.start_timeout_s, rendezvous_timeout_s=w.rendezvous_timeout_s,
-                            run_as=live.launcher,
+                            run_as=live.launcher, limits=JobLimits(w.max_pids, int(w.max_checkpoint_gib * GIB)),
                             orphan_s=live.slurm.orphan_timeout_s if live.dispatcher == "pilot" else 0.0)
 
 

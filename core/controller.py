@@ -15,7 +15,6 @@ from typing import Callable, Optional, Sequence
 
 
 from .allocator import Plan, allocate
-from .admission import Slot, can_start, stuck
 from .controller_config import ControllerConfig
 from .advice import PROBE_BONUS, Advice
 from .clock import Clock
@@ -24,6 +23,7 @@ from .demand import node_demand
 from .fairshare import FairShare
 from .dispatchers.base import Dispatcher
 from .horizon import FALLBACK_S, REPLAN_GROWTH, Horizon, HorizonLearner, learn_step
+from .job_book import JobBook
 from .job_queue import JobQueue
 from .jpa import JPA, Probe
 from .model import EVENT_PRIORITY, LEFT_LOST, LEFT_PREEMPTED, LOGGED_ONLY, Allocation, Event, EventKind, Job, JobState, Node, NodeState
@@ -33,6 +33,7 @@ from .quotas import Quotas
 from .reclaim_order import ReclaimOrder
 from .requeue import MAX_REQUEUES, second_chance
 from .slots import Slots
+from .slotting import admit
 from .picture import picture
 from .snapshot import Snapshot
 from .store import Batch, Store, job_row
@@ -60,7 +61,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self.idle: dict[str, float] = {}          # node -> idle since (offered by the source)
         self.owner: dict[str, str] = {}           # node -> job holding it
         self.held: dict[str, list[str]] = {}      # job -> nodes, in the order it got them
-        self.jobs: dict[str, Job] = {}
+        self.jobs = JobBook(store)                 # live jobs (what a step walks), recent ended ones, the store
         self.running: dict[str, None] = {}        # admission order = allocator order
         self.queue = JobQueue(self.config, self.fair and self.fair.ranker(lambda: self.quota.book.shares, clock))
         self.counters = Counters()
@@ -150,8 +151,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
         """(nodes the jobs could use, nodes they hold now), for a source that holds nodes at a
         cost (core/demand.py)."""
         with self.lock:
-            queued = self.queue.queued(self.jobs)
-            running = [self.jobs[j] for j in self.running if self.quota.may_run(self.jobs[j].owner)]
+            queued = self.queue.queued(self.jobs.live)
+            running = [self.jobs.live[j] for j in self.running if self.quota.may_run(self.jobs.live[j].owner)]
             waiting = [j for j in (*queued, *self.submitted.values()) if self.quota.may_run(j.owner)]
             slots = self.queue.free_slots(any(self.queue.in_lane(j) for j in waiting), self._running_jobs())
             caps = self.quota.caps([(j.id, j.owner) for j in (*running, *waiting)])
@@ -160,8 +161,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
     def active_jobs_of(self, owner: str) -> int:
         """Queued (or just registered) and running jobs of one owner."""
         with self.lock:
-            return sum(1 for j in (*self.submitted.values(), *self.jobs.values())
-                       if j.owner == owner and not j.state.finished)
+            return sum(1 for j in (*self.submitted.values(), *self.jobs.live.values()) if j.owner == owner)
 
     def record(self, event: Event) -> None:
         """Put an event in the log that needs no handling (the harvester's own life)."""
@@ -225,14 +225,13 @@ class Controller:  # one step reads and writes the same node and job state; the 
             probes = self.advice.probes(now, self._remaining(now), measured, len(self.idle) - len(self.owner),
                                         self.horizon.tfwd)
             changed |= bool(probes)
-            changed |= self.quota.review((j.owner for j in (*self.jobs.values(), *self.submitted.values())
-                                          if not j.state.finished), now)
-            changed |= self._admit(now)
+            changed |= self.quota.review((j.owner for j in (*self.jobs.live.values(), *self.submitted.values())), now)
+            changed |= admit(self, now)
             result = StepResult(now, len(batch), len(self.idle), len(self.owner), len(self.running),
                                 self.n_queued, 0.0)
             if changed and self.running and not self.frozen:
                 self._solve(now, result, probes, expect)
-                if self.quota.blocked and self._admit(now):   # an owner over quota gave back nodes, then its slot
+                if self.quota.blocked and admit(self, now):   # an owner over quota gave back nodes, then its slot
                     self._solve(now, result, probes, expect)
                 self._planned_tfwd = self.horizon.tfwd
             self.replan_at = now + self.horizon.tfwd if self.horizon_learner is not None and self.running else None
@@ -343,13 +342,13 @@ class Controller:  # one step reads and writes the same node and job state; the 
     def _second_chance(self, ev: Event) -> Event:
         """A running job's JOB_FAILED, or the JOB_REQUEUE that replaces it when its nodes failed
         it, not itself (core/requeue.py)."""
-        job = self.jobs.get(ev.job) if ev.kind is EventKind.JOB_FAILED and ev.job else None
+        job = self.jobs.live.get(ev.job) if ev.kind is EventKind.JOB_FAILED and ev.job else None
         if job is None or job.id not in self.running:
             return ev
         return second_chance(ev, job.requeues) or ev
 
     def _end(self, ev: Event, now: float) -> bool:
-        job = self.jobs.get(ev.job) or self.submitted.get(ev.job)
+        job = self.jobs.live.get(ev.job) or self.submitted.get(ev.job)     # an ended job is no longer live
         if job is None or job.state.finished:
             return False
         if ev.kind is EventKind.JOB_REQUEUE:       # its nodes failed it: queued again, not ended
@@ -360,17 +359,14 @@ class Controller:  # one step reads and writes the same node and job state; the 
                      (ev.failure or {}).get("message") or ev.detail)
             self._requeue(job.id, now, ev.detail)
             return True
-        if ev.kind is EventKind.JOB_CANCEL and job.id in self.submitted:
-            self.submitted.pop(job.id)
-            self.jobs[job.id] = job
+        self.submitted.pop(job.id, None)          # cancelled before a step took it in
+        self.queue.discard(job.id)
         state = {EventKind.JOB_DONE: JobState.DONE, EventKind.JOB_FAILED: JobState.FAILED,
                  EventKind.JOB_CANCEL: JobState.CANCELLED}[ev.kind]
         before = list(self.held.get(job.id, []))
         was_running = job.id in self.running
         if was_running:
             self.dispatcher.stop(job, now)
-        if job.state is JobState.QUEUED:
-            self.queue.left()
         job.samples_done = job.total_samples if state is JobState.DONE else job.samples_done
         if state is JobState.FAILED:
             job.failure = ev.failure or {"kind": "other", "message": ev.detail, "node": ev.node, "hint": "",
@@ -379,6 +375,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
                      f" on {ev.node}" if ev.node else "", job.failure.get("message") or ev.detail)
         job.state = state
         job.end_time = now
+        self.jobs.end(job)
         self._release(job)
         self.running.pop(job.id, None)
         self.rescaling_until.pop(job.id, None)
@@ -395,7 +392,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         if job is None:
             return False
         job.state = JobState.QUEUED
-        self.jobs[job.id] = job
+        self.jobs.add(job)
         self.advice.register(job)
         self.counters.jobs_submitted += 1
         self.queue.push(job)
@@ -408,45 +405,17 @@ class Controller:  # one step reads and writes the same node and job state; the 
 
     @property
     def n_queued(self) -> int:
-        return self.queue.count
+        """Jobs taken in and queued now, counted from their states."""
+        return self.jobs.count(JobState.QUEUED)
 
     def _running_jobs(self) -> list[Job]:
-        return [self.jobs[j] for j in self.running]
+        return [self.jobs.live[j] for j in self.running]
 
-    def _admit(self, now: float) -> bool:
-        """Give free running slots, in queue order, to queued jobs that can start on the idle
-        nodes now; others keep their place. With every slot taken, jobs that hold no node and
-        cannot start give theirs back to the queue when a queued job could start."""
-        idle = len(self.idle)
-        changed = False
-        startable = [j for j in self.queue.queued(self.jobs, ordered=False) if self._can_start(j, idle)]
-        if not startable:
-            return changed     # nobody can start: leave the queue alone (a cheap scan, no reshuffle)
-        running = self._running_jobs()
-        free = {lane: self.queue.free_slots(lane, running) for lane in (False, True)}
-        if not any(free[self.queue.in_lane(j)] > 0 for j in startable):
-            waiting = stuck((Slot(j, self.jobs[j].min_nodes, len(self.held.get(j, ())),
-                                  not self.quota.may_run(self.jobs[j].owner)) for j in self.running), idle)
-            for jid in waiting:
-                self._requeue(jid, now)
-            changed = bool(waiting)
-        for job in self.queue.admit(self.jobs, self._running_jobs(), lambda j: self._can_start(j, idle)):
-            job.state = JobState.RUNNING
-            job.start_time = job.start_time if job.start_time is not None else now
-            self.running[job.id] = None
-            self.held.setdefault(job.id, [])
-            self._batch.jobs[job.id] = job_row(job)
-            changed = True
-        return changed
-
-    def _can_start(self, job: Job, idle: int) -> bool:
-        """Enough idle nodes for the job's minimum, and its owner within their period quotas."""
-        return can_start(job.min_nodes, idle) and self.quota.may_run(job.owner)
-
-    def _requeue(self, jid: str, now: float, logged: str = "") -> None:
+    def _requeue(self, jid: str, now: float, logged: str = "", why: str = "") -> None:
         """A running job goes back to the queue, where it keeps its place (its progress is kept;
         it starts again when enough nodes are idle): one that holds no node and cannot start, or
-        one its nodes failed (`logged`: the JOB_REQUEUE already in its events, core/requeue.py)."""
+        one its nodes failed (`logged`: the JOB_REQUEUE already in its events, core/requeue.py);
+        `why`: the reason its event gives, where it is not its quota or its minimum."""
         job = self.jobs[jid]
         self.dispatcher.stop(job, now)
         self.running.pop(jid, None)
@@ -462,7 +431,7 @@ class Controller:  # one step reads and writes the same node and job state; the 
         self._batch.jobs[jid] = job_row(job)
         if logged:
             return
-        why = self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
+        why = why or self.quota.reason(job.owner) or f"needs {job.min_nodes} node(s), {len(self.idle)} idle"
         log.info("job %s back to the queue: %s", jid, why)
         self._log(Event(now, EventKind.JOB_REQUEUE, job=jid, detail=f"back to the queue: {why}"))
 
@@ -562,6 +531,8 @@ class Controller:  # one step reads and writes the same node and job state; the 
             batch, self._batch = self._batch, Batch()
             if self.writer is not None:
                 self.writer.write(batch, now)
+            if self.writer is not None and self.writer.problem is None:
+                self.jobs.trim()      # the store has every ended job now: memory keeps the newest
 
     # ---- reading --------------------------------------------------------------------------
     @property

@@ -7,10 +7,11 @@ the job failed at once when it is a set-up error), this module only names it.
 """
 from __future__ import annotations
 
-import re
 import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
+
+from . import patterns
 
 #: what went wrong; `SETUP` kinds are the same on every node, so retrying elsewhere cannot help
 COMMAND_NOT_FOUND = "command_not_found"
@@ -29,6 +30,7 @@ NO_PROGRESS = "no_progress"
 UNREACHABLE = "unreachable"
 CRASHES = "crashes"
 STORE_DOWN = "store_down"
+LIMIT = "limit"           # over a cap of the site's on its processes or files: the job's own doing
 OTHER = "other"
 SETUP = frozenset({COMMAND_NOT_FOUND, NOT_EXECUTABLE, WORKDIR_MISSING, LOG_UNWRITABLE, EXCEPTION, EXIT_STATUS})
 TAIL_KEPT = 20
@@ -45,27 +47,29 @@ _HINTS = {
     OUT_OF_MEMORY: "the rank ran out of memory: a smaller batch per rank, or fewer ranks per node",
     NO_PROGRESS: "the job made no step within its start timeout; its log's last lines are below",
     UNREACHABLE: "the node did not answer over ssh",
+    LIMIT: "the job went over a limit this site sets on every job (its processes per node, its checkpoint "
+           "folder's size): use fewer processes or smaller checkpoints, or ask the operators for more",
     STORE_DOWN: "the job's store process ended again and again, likely from something that reaches its "
                 "port and floods it: keep the store port inside the cluster network (--coordinator-bind)",
 }
 _TRACEBACK = "Traceback (most recent call last)"
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?::\s*(.*))?$")
-_ADDRESS = re.compile(r"remote=\[([^\]]+)\]:(\d+)|(?<![\d.])((?:\d{1,3}\.){3}\d{1,3}):(\d{2,5})")
-_RENDEZVOUS = re.compile(r"connectFullMesh|DistStoreError|TCPStore|Connection refused|timed out waiting for clients|"
-                         r"Socket Timeout|failed to connect|Gloo.*connect|NCCL.*(?:bootstrap|socket)", re.I)
-_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
-                   r"ProcessGroupNCCL.*(?:Watchdog|timeout)|NCCL communicator was aborted", re.I)
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill", re.I)
-_NOT_FOUND = re.compile(r"command not found|No such file or directory|can't open file", re.I)
+_EXC_LINE = patterns.fixed(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?::\s*(.*))?$")
+_ADDRESS = patterns.fixed(r"remote=\[([^\]]+)\]:(\d+)|(?:^|[^\d.])((?:\d{1,3}\.){3}\d{1,3}):(\d{2,5})")
+_RENDEZVOUS = patterns.fixed(r"(?i)connectFullMesh|DistStoreError|TCPStore|Connection refused|timed out waiting for clients|"
+                             r"Socket Timeout|failed to connect|Gloo.*connect|NCCL.*(?:bootstrap|socket)")
+_PEER = patterns.fixed(r"(?i)Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
+                       r"ProcessGroupNCCL.*(?:Watchdog|timeout)|NCCL communicator was aborted")
+_OOM = patterns.fixed(r"(?i)CUDA out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|oom-kill")
+_NOT_FOUND = patterns.fixed(r"(?i)command not found|No such file or directory|can't open file")
 #: lines every rank prints that say nothing about the job: c10d's and glog's own lines ("[W1129
 #: 03:27:47.25 socket.cpp:1028] [c10d] The hostname of the client socket cannot be retrieved"),
 #: the C++ frames c10 prints with them, Python's warnings and the source line after one, NCCL's
 #: INFO lines, gloo's connection report
-KNOWN_WARNINGS = re.compile(
+KNOWN_WARNINGS = patterns.fixed(
     r"^\s*\[[WI]\d{4} [\d:.]+ [^\]]*\]|^\s*\[[WI] [\w.]+:\d+\]|^\s*\[Gloo\] |\bNCCL INFO\b|"
     r"^\s*Exception raised from .* \(most recent call first\):$|^\s*frame #\d+: |^\s*<omitting python frames>$|"
     r"^\s*(?:UserWarning|FutureWarning|DeprecationWarning): ")
-_PY_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")   # warnings.warn's line; the source line follows it
+_PY_WARNING = patterns.fixed(r"^\S.*:\d+: \w*Warning: ")   # warnings.warn's line; the source line follows it
 
 
 @dataclass

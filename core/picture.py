@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from .model import JobState
+from .job_book import ENDED_STATES
 from .snapshot import BUSY, HELD, IDLE, Snapshot
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
     rate_total = 0.0
     quota = ctl.quota
     held_by = ctl._held_by_owner() if quota.on else {}
-    for job in ctl.jobs.values():
+    for job in (*ctl.jobs.live.values(), *ctl.jobs.recent()):     # older ended jobs: the store's (paged)
         running = job.id in ctl.running
         rate = ctl.dispatcher.rate(job) if running else 0.0
         done = ctl.dispatcher.progress(job, now) if running else job.samples_done
@@ -60,7 +60,7 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
             "offered_node_s": c.offered_node_s, "used_node_s": c.used_node_s,
             "samples_per_second": rate_total, "running": len(ctl.running),
             "queued": ctl.n_queued + len(ctl.submitted),
-            "done": sum(1 for j in ctl.jobs.values() if j.state is JobState.DONE),
+            **{s.value: ctl.jobs.count(s) for s in ENDED_STATES},
             "solves": c.solves, "preemptions": c.preemptions, "rescales": c.rescales,
             "events": c.events, "events_by_kind": dict(c.by_kind)}
     cfg = ctl.config
@@ -75,6 +75,6 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
     return Snapshot(now, seq, status, names, state, job_of, tuple(jobs), kpis, when, rescaling,
                     config, dict(source_status or {}), info, probing, ctl.solve_times.histogram(),
                     slots.row(names), tuple(quota.standing(
-                        (j.owner for j in (*ctl.jobs.values(), *ctl.submitted.values())), held_by, now)),
+                        (j.owner for j in (*ctl.jobs.live.values(), *ctl.submitted.values())), held_by, now)),
                     ctl.fair.factors((ctl.jobs[j].owner for j in ctl.running), quota.book.shares, now)
                     if ctl.fair is not None else {})

@@ -36,7 +36,10 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
             ctl.owner[name] = owner
     order = {jid: i for i, jid in enumerate(store.meta("running") or [])}
     for job, nodes in rows:
-        ctl.jobs[job.id] = job
+        if job.state.finished:
+            ctl.jobs.end(job)        # counted; memory keeps the newest (the store holds them all)
+        else:
+            ctl.jobs.add(job)
         if advisor is not None:
             advisor.register(job)
     if advisor is not None:
@@ -53,6 +56,7 @@ def restore(store: Store, dispatcher: Dispatcher, clock: Clock, config: Optional
     for job, _ in rows:
         if job.state is JobState.QUEUED:
             ctl.enqueue(job)
+    ctl.jobs.trim()
     order = store.meta("reclaim_order")
     if order:
         ctl.reclaim_order.load(order)

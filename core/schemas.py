@@ -5,11 +5,11 @@ API, so that a job refused by one is refused by all with the same words.
 """
 from __future__ import annotations
 
-import re
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import patterns
 from .model import DEFAULT_PROGRESS_PATTERN, Curve
 
 
@@ -30,6 +30,8 @@ class CurveSpec(BaseModel):
             raise ValueError("curve node counts must be strictly increasing")
         if any(s < 0 for s in self.samples_per_second):
             raise ValueError("curve throughputs must be non-negative")
+        if not any(s > 0 for s in self.samples_per_second):     # such a job never progresses
+            raise ValueError("a curve must have a positive throughput at some size")
         return self
 
     def to_curve(self) -> Curve:
@@ -190,21 +192,17 @@ class JobSpec(BaseModel):
     command: Optional[list[str]] = Field(default=None, min_length=1, max_length=256)
     global_batch: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     launcher: Literal["runtime", "torchrun"] = "runtime"
-    progress_pattern: str = Field(default=DEFAULT_PROGRESS_PATTERN, min_length=1, max_length=500)
+    progress_pattern: str = Field(default=DEFAULT_PROGRESS_PATTERN, min_length=1,
+                                  max_length=patterns.PATTERN_MAX_CHARS)
     stop_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
     samples_per_step: float = Field(default=0.0, ge=0, le=1e9)   # torchrun: > 0: the pattern counts steps
 
     @field_validator("progress_pattern")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        """A regular expression whose group 1 is the job's cumulative samples."""
-        try:
-            rx = re.compile(v)
-        except re.error as e:
-            raise ValueError(f"not a regular expression: {e}")
-        if rx.groups < 1:
-            raise ValueError("needs a group for the samples, e.g. samples=(\\d+)")
-        return v
+        """An RE2 pattern whose group 1 is the job's cumulative samples: matched in linear time
+        on rank 0's output (core/patterns.py), so it is checked here for RE2's syntax and size."""
+        return patterns.check(v)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 
 from .admission import DEFAULT_USER_MAX_JOBS
 from .crashes import DEFAULT_CRASH_WINDOW_S
+from .dispatchers.limits import DEFAULT_MAX_CHECKPOINT_GIB, DEFAULT_MAX_PIDS
 from .controller_config import AUTO, QUEUE_ORDERS, ControllerConfig, parse_tfwd
 from .errors import InputError, SettingsError
 from .inventory import MAX_SLOTS
@@ -22,6 +23,7 @@ from .jpa import JPAConfig
 from .listeners import Listener, check_listeners, web_listen
 from .objective import OBJECTIVES
 from .policies import POLICIES
+from .registrations import DEFAULT_PER_DAY, DEFAULT_PER_MINUTE, RegistrationLimits
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from .slots import MAX_SLOTS
 from .slurm.settings import SlurmSettings, split_list
@@ -67,6 +69,22 @@ class WorkerSettings(_Settings):
     start_timeout_s: float = 300.0   # a job holding nodes with no step (progress line) this long fails
     rendezvous_timeout_s: float = 60.0   # a torchrun generation whose ranks form no group this long fails
     sample_s: float = 5.0            # seconds of one generation per throughput sample
+    max_pids: int = DEFAULT_MAX_PIDS     # a job's processes on one node past this fail it (0: no cap)
+    max_checkpoint_gib: float = DEFAULT_MAX_CHECKPOINT_GIB   # a job's checkpoint folder past this fails it (0: no cap)
+
+    @field_validator("max_pids")
+    @classmethod
+    def _pids(cls, v: int) -> int:
+        if not 0 <= v <= 4_194_304:
+            raise SettingsError("", "must be a whole number from 0 (no cap) to 4194304")
+        return v
+
+    @field_validator("max_checkpoint_gib")
+    @classmethod
+    def _gib(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0 <= v <= 1_000_000):
+            raise SettingsError("", "must be a number of GiB from 0 (no cap) to 1000000")
+        return v
 
     @field_validator("crash_window_s")
     @classmethod
@@ -242,8 +260,14 @@ class HarvesterSettings(_Settings):
     speed: float = 60.0                          # replay: simulated seconds per wall second
     live: Optional[LiveSettings] = None
     user_max_jobs: int = DEFAULT_USER_MAX_JOBS    # queued + running jobs per user (staff exempt); 0: no limit
+    user_jobs_per_minute: int = DEFAULT_PER_MINUTE  # registrations per user in any 60 s (staff exempt); 0: no limit
+    user_jobs_per_day: int = DEFAULT_PER_DAY        # ... in any 24 h, cancelled ones too; 0: no limit
 
-    @field_validator("user_max_jobs")
+    @property
+    def registration_limits(self) -> RegistrationLimits:
+        return RegistrationLimits(self.user_jobs_per_minute, self.user_jobs_per_day)
+
+    @field_validator("user_max_jobs", "user_jobs_per_minute", "user_jobs_per_day")
     @classmethod
     def _quota(cls, v: int) -> int:
         if not 0 <= v <= 1_000_000:
@@ -307,11 +331,21 @@ class WebSettings(_Settings):
     threads and connections, the guard against slow clients. Named after their options."""
     secure_cookies: bool = False          # the login cookie over HTTPS only (a site behind TLS)
     session_idle: float = 8 * 3600        # seconds a browser session lasts unused
+    session_max: float = 7 * 24 * 3600    # seconds a browser session lasts at most, however used
     threads: int = 8                      # waitress worker threads
     connection_limit: int = 500           # open connections at once, idle keep-alives included
     channel_timeout: int = 30             # seconds an idle connection stays open
     per_address_limit: int = 256          # connections one client address may hold (0: no cap)
     header_timeout: float = 10.0          # seconds a request's headers may take from its first byte
+    metrics_interval: float = 5.0         # /metrics is rebuilt at most this often (0: on every scrape)
+    metrics_token_file: Optional[Path] = None   # a file holding the bearer token /metrics asks for
+
+    @field_validator("metrics_interval")
+    @classmethod
+    def _interval(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0 <= v <= 3600):
+            raise SettingsError("", f"must be seconds from 0 (rebuilt on every scrape) to 3600, not {v:g}")
+        return v
 
     @field_validator("threads", "connection_limit", "channel_timeout")
     @classmethod
@@ -327,7 +361,7 @@ class WebSettings(_Settings):
             raise SettingsError("", f"must be at least 0, not {v}")
         return v
 
-    @field_validator("session_idle", "header_timeout")
+    @field_validator("session_idle", "session_max", "header_timeout")
     @classmethod
     def _positive(cls, v: float) -> float:
         if not (math.isfinite(v) and v > 0):
@@ -485,6 +519,8 @@ class Options(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     user_max_jobs: int = DEFAULT_USER_MAX_JOBS
+    user_jobs_per_minute: int = DEFAULT_PER_MINUTE
+    user_jobs_per_day: int = DEFAULT_PER_DAY
     tick: Optional[float] = None
     # replay
     scenario: Optional[Path] = None
@@ -523,6 +559,8 @@ class Options(BaseSettings):
     heartbeat_timeout: float = WorkerSettings().heartbeat_timeout_s
     start_timeout: float = WorkerSettings().start_timeout_s
     rendezvous_timeout: float = WorkerSettings().rendezvous_timeout_s
+    job_max_pids: int = WorkerSettings().max_pids
+    job_max_checkpoint_gib: float = WorkerSettings().max_checkpoint_gib
     no_profiler: bool = False
     # web server
     threads: int = _D_WEB.threads
@@ -530,7 +568,10 @@ class Options(BaseSettings):
     channel_timeout: int = _D_WEB.channel_timeout
     per_address_limit: int = _D_WEB.per_address_limit
     header_timeout: float = _D_WEB.header_timeout
+    metrics_interval: float = _D_WEB.metrics_interval
+    metrics_token_file: Optional[Path] = None
     session_idle: float = _D_WEB.session_idle
+    session_max: float = _D_WEB.session_max
     secure_cookies: bool = _D_WEB.secure_cookies
     # Slurm
     slurm_partition: str = _D_SLURM.partition
@@ -604,7 +645,7 @@ class Options(BaseSettings):
         return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("threads", "connection_limit", "channel_timeout", "per_address_limit", "header_timeout",
-                     "session_idle")
+                     "metrics_interval", "session_idle", "session_max")
     @classmethod
     def _web(cls, v: Any, info: Any) -> Any:
         try:

@@ -4,9 +4,10 @@ runner swaps the reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
 
 from .counters import SOLVE_BUCKETS_S, SolveHistogram
+from .model import Job
 
 BUSY, IDLE, HELD = 0, 1, 2   # node codes in Snapshot.state
 #: a node's info line begins with this while it is held out for a fault of its own (not offered;
@@ -41,6 +42,28 @@ class Snapshot:
             if j["id"] == job_id:
                 return j
         return None
+
+    def line(self, job: Job) -> dict:
+        """The job's entry as this snapshot lists it; for a job it does not list (an ended one:
+        the snapshot keeps the live ones and the newest ended), one made from the job as stored."""
+        info = self.job(job.id)
+        if info is not None:
+            return info
+        return self.stored({**{k: getattr(job, k) for k in STORED}, "state": job.state.value})
+
+    def stored(self, row: Mapping) -> dict:
+        """An entry like the snapshot's for a job as the store's jobs table has it (`row`: its
+        columns), holding no node now."""
+        same = set(self.slots)
+        line = {k: row[k] for k in STORED}
+        return {**line, "nodes": 0, "slots": same.pop() if len(same) == 1 else None, "ranks": 0,
+                "samples_per_second": 0.0, "progress": row["samples_done"] / row["total_samples"], "eta": None,
+                "confidence": None if self.config.get("jpa") else "given"}
+
+
+#: what an entry of an ended job takes from the job as stored
+STORED = ("id", "name", "owner", "state", "min_nodes", "max_nodes", "priority", "samples_done", "total_samples",
+          "submit_time", "start_time", "end_time")
 
 
 def empty_snapshot(status: str = "loading", seq: int = 0) -> Snapshot:

@@ -53,7 +53,8 @@ SCHEMA: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                     {"pk": "id"}),
     "meta": ({"key": str, "value": str}, {"pk": "key"}),
 }
-INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]),
+INDEXES = [("events", ["time"]), ("events", ["job"]), ("allocations", ["job"]), ("jobs", ["submit_time"]),
+           ("jobs", ["end_time"]),     # the Jobs page's default order of ended jobs (app/job_list.py)
            ("allocations", ["time"]), ("throughput", ["job"]), ("solver_runs", ["time"]),
            ("samples", ["job"])]
 HISTORY = ("events", "allocations", "throughput", "solver_runs", "samples")

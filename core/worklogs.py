@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-from collections import deque
 from pathlib import Path
 from typing import Optional, Sequence
+
+from .logtail import MAX_READ_BYTES, tail_path
 
 #: a worker key's log file: key, the harvester's start number, incarnation or generation
 LOG_NAME = re.compile(r"^(?P<key>.+)-s(?P<life>\d{1,9})-g?(?P<n>\d{1,9})\.log$")
 #: the most workers whose logs one answer carries (rank 0's first)
 MAX_WORKERS = 256
 #: bytes read from a file's end at most: lines longer than this on average come back fewer
-MAX_BYTES = 1 << 20
-_BLOCK = 8192
+MAX_BYTES = MAX_READ_BYTES
 
 
 def newest_logs(logdir: Path, job_id: str) -> dict[str, Path]:
@@ -44,33 +43,10 @@ def newest_logs(logdir: Path, job_id: str) -> dict[str, Path]:
 
 
 def tail(path: Path, lines: int) -> list[str]:
-    """The last `lines` lines of the file, reading only its end (at most MAX_BYTES); [] when it
-    cannot be read, is not a regular file, or is a link."""
-    if lines <= 0:
-        return []
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return []
-            pos = f.seek(0, os.SEEK_END)
-            data, read = b"", 0
-            while pos > 0 and data.count(b"\n") <= lines and read < MAX_BYTES:
-                step = min(_BLOCK, pos)
-                pos -= step
-                f.seek(pos)
-                data = f.read(step) + data
-                read += step
-        except OSError:
-            return []
-    text = data.decode("utf-8", "replace")
-    out = text.splitlines()
-    if pos > 0 and len(out) > 1:
-        out = out[1:]             # the first line read may be the end of a longer one (kept if alone)
-    return list(deque(out, maxlen=lines))
+    """The last `lines` lines of the file, reading only its end (at most MAX_BYTES, each line
+    cut to logtail.MAX_LINE_BYTES); [] when it cannot be read, is not a regular file, or is a
+    link."""
+    return tail_path(str(path), lines, getattr(os, "O_NOFOLLOW", 0), MAX_BYTES)
 
 
 def _natural(key: str) -> tuple:

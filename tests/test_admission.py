@@ -163,3 +163,27 @@ def test_without_the_lane_a_visitor_waits_its_turn():
     clock.advance_to(T0 + 30)
     ctl.step()
     assert set(ctl.running) == {"set0", "set1"} and ctl.jobs["v1"].state is JobState.QUEUED
+
+
+ZERO = ((1, 4), (0.0, 0.0))
+
+
+def test_a_job_with_zero_throughput_takes_no_running_slot_on_no_node():
+    """Issue 57: a job whose throughput is 0 at every size it may have was admitted (its minimum
+    fits the idle nodes), got 0 nodes from the allocator and kept its running slot for ever, with
+    the job behind it queued. It waits in the queue instead; a running job whose curve falls to
+    0 everywhere goes back to the queue, keeping its place."""
+    ctl, clock = controller(NODES, ControllerConfig(max_jobs=1, tfwd=1000))
+    ctl.submit(job("Z", curve=ZERO, submit=T0))
+    ctl.submit(job("A", submit=T0 + 1))
+    clock.advance_to(T0 + 10)
+    ctl.step()
+    assert list(ctl.running) == ["A"] and len(ctl.held["A"]) == 4, (list(ctl.running), ctl.held)
+    assert ctl.jobs["Z"].state is JobState.QUEUED and ctl.n_queued == 1
+    ctl.jobs["A"].curve = job("x", curve=ZERO).curve        # what the allocator believes of A now
+    clock.advance_to(T0 + 20)
+    ctl.step(force=True)
+    assert not ctl.running and not ctl.owner and ctl.n_queued == 2
+    assert ctl.jobs["A"].state is JobState.QUEUED and ctl.jobs["A"].start_time is not None
+    snap = ctl.snapshot("running", 0)
+    assert snap.kpis["running"] == 0 and snap.kpis["queued"] == 2

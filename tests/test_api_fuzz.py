@@ -1,17 +1,22 @@
 """Schema-driven fuzzing of the REST API against a real server on loopback: schemathesis's own
 `run` with every check it has (examples, coverage, fuzzing and stateful phases; bounded,
 derandomized, no cache between runs) must find no disagreement between /api/openapi.json and
-the server; the document itself validates as OpenAPI 3."""
+the server; the document itself validates as OpenAPI 3. The server continues a run whose store
+holds jobs with NaN and ±Infinity in their numbers (tests/support/hostile.py), and one more
+check (tests/support/schemathesis_hooks.py, issue 57 item 3) requires every JSON answer to be
+strict JSON, as a browser's JSON.parse reads it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.server import start_app
+from tests.support.files import ROOT
+from tests.support.hostile import hostile_app
 
 schemathesis = pytest.importorskip("schemathesis", reason="make test installs requirements-dev.txt")
 from openapi_spec_validator import validate  # noqa: E402
@@ -60,8 +65,7 @@ checks.use_after_free.enabled = false
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    proc = start_app(tmp_path_factory.mktemp("fuzz"), "--fresh", "--racks", "d30,e04",
-                     "--start", "2021-02-12T19:30:00Z")
+    proc, _ = hostile_app(tmp_path_factory.mktemp("fuzz"))
     yield proc
     proc.stop()
 
@@ -103,11 +107,14 @@ def test_every_check_runs_on_every_operation_but_the_two_exceptions(app, config)
 
 def test_the_document_and_the_server_agree_under_every_check(app, config, tmp_path):
     """`schemathesis run` in a child process (its pytest plugin does not run under this pytest),
-    reading its JSON report: every operation tested, every phase passed, no failure, no error."""
+    with the strict-JSON check added by its hooks, reading its JSON report: every operation
+    tested, every phase passed, no failure, no error."""
     report = tmp_path / "report.json"
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.support.schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color",
                           "run", "--report", "json", "--report-json-path", str(report), app.url + "/api/openapi.json"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
     out = run.stdout + run.stderr
     assert report.exists(), out[-6000:]
     summary = json.loads(report.read_text())

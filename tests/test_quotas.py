@@ -332,7 +332,8 @@ def test_the_server_takes_the_quotas_from_the_users_file_and_rereads_them(tmp_pa
     for row in doc["users"]:
         row["quota"] = {"alice": {"max_nodes": 2}, "bob": {"node_hours_per_day": 0}}.get(row["name"], {})
     users.write_text(json.dumps(doc))
-    app = start_app(tmp_path / "app", "--dispatch", "simulated", "--local-nodes", "8", "--tick", "0.1", users=users)
+    app = start_app(tmp_path / "app", "--dispatch", "simulated", "--local-nodes", "8", "--tick", "0.1",
+                    "--metrics-interval", "0", users=users)       # /metrics read twice within seconds
     try:
         body = {"min_nodes": 1, "max_nodes": 8, "total_samples": 1e12,
                 "curve": {"nodes": [1, 8], "samples_per_second": [10.0, 80.0]}}

@@ -53,7 +53,7 @@ def test_pilots_harvest_idle_nodes_and_give_them_back_to_main_jobs(cluster, tmp_
     # tests/test_slurm_gpus.py)
     app = start_app(tmp_path / "app", "--source", "slurm", *cluster.app_args(),
                     "--slurm-pilot-logs", str(tmp_path), "--tfwd", "600", "--workdir", str(ROOT),
-                    "--no-profiler", "--slurm-slots", "1")
+                    "--no-profiler", "--slurm-slots", "1", "--metrics-interval", "0")   # /metrics as of now
     try:
         jid = _acceptance(app, cluster)
     finally:

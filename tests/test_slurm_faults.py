@@ -133,7 +133,7 @@ def start(cluster: SlurmCluster, tmp_path: Path) -> tuple[AppProcess, Watch, Pac
     cluster.wait_quiet()
     app = start_app(tmp_path / "app", "--source", "slurm", *cluster.app_args(), "--slurm-pilot-logs", str(tmp_path),
                     "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler", "--slurm-slots", "1",
-                    "--slurm-backoff", "2")
+                    "--slurm-backoff", "2", "--metrics-interval", "0")     # /metrics as of now
     pace = PaceFile(tmp_path, STEP_S)
     total = GLOBAL_BATCH * STEPS
     status, job = app.request("POST", "/api/jobs", {

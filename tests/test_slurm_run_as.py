@@ -206,7 +206,7 @@ def test_pilots_run_each_job_as_its_owner(cluster, accounts, shared_dir):
     uid = {login: pwd.getpwnam(a).pw_uid for login, a in accounts.items()}
     app = start_app(shared_dir, "--fresh", "--source", "slurm", *cluster.app_args(), "--slurm-pilot-logs",
                     str(shared_dir), "--tfwd", "600", "--workdir", str(ROOT), "--no-profiler", "--slurm-slots", "1",
-                    "--run-as", LAUNCHER, users=users, timeout=120)
+                    "--run-as", LAUNCHER, "--metrics-interval", "0", users=users, timeout=120)
     try:
         jobs = _run_as_owners(app, cluster, accounts, uid)
     except BaseException:

@@ -87,7 +87,7 @@ def update_job(n, job_id):
     h, hist = context.harvester, context.history
     snap = h.snapshot
     job = h.job(job_id) if job_id else None
-    info = snap.job(job_id) if job_id else None
+    info = snap.line(job) if job is not None else None     # an ended job past the snapshot's: as stored
     if job is None or info is None:
         return (html.H2(f"No job {job_id}"), "", _empty(), _empty(), _empty(), [], hidden, "", hidden, [], hidden, "",
                 _empty(), hidden, hidden)

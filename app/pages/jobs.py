@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from core.schemas import JobSpec, field_errors
 
 from app import context, ids
+from app.job_list import CONFIDENCE, JobQuery, list_jobs
 from app.format import short_time, si
 
 dash.register_page(__name__, path="/jobs", name="Jobs", title="Jobs · harvester")
@@ -24,17 +25,13 @@ COLUMNS = [
     {"id": "eta", "name": "ETA"}, {"id": "submitted", "name": "submitted"},
 ]
 #: the table opens on what is happening: running jobs (largest first), then the queue (in the
-#: order it is served), then ended jobs (latest first)
-STATE_ORDER = {"running": 0, "queued": 1, "done": 2, "failed": 2, "cancelled": 2}
+#: order it is served), then ended jobs (latest first); job_list.STATE_ORDER
 DEFAULT_SORT = [{"column_id": "state", "direction": "asc"}]
 #: fields only a live harvester's real workers use (a replay's jobs are simulated)
 LIVE_ONLY = ("command", "global_batch", "launcher", "progress_pattern", "stop_grace_seconds")
 SORT_KEYS = {"link": "id", "name": "name", "owner": "owner", "state": "state", "nodes": "nodes",
              "rate": "samples_per_second", "progress": "progress", "curve": "confidence", "eta": "eta",
              "submitted": "submit_time"}
-#: the profiler's confidence in a job's curve, from resting on nothing to well measured (the
-#: "curve" column sorts in this order, not by the word)
-CONFIDENCE = ("prior", "given", "low", "medium", "high")
 FIELDS = {  # field: (label, placeholder/default, hint)
     "name": ("Name", "", "what the job trains, e.g. resnet50-imagenet"),
     "min_nodes": ("Min nodes", "1", "smallest size it can run at"),
@@ -96,39 +93,13 @@ def _form(user, live: bool = True) -> html.Div:
                      html.Div(id=ids.FORM_RESULT, className="form-result")], id=ids.FORM, className="form")
 
 
-def _matches(job: dict, states, text: str, curves=None) -> bool:
-    if states and job["state"] not in states:
-        return False
-    if curves and job.get("confidence") not in curves:
-        return False
-    if text:
-        t = text.lower()
-        return t in job["id"].lower() or t in (job["name"] or "").lower() or t in (job["owner"] or "").lower()
-    return True
-
-
-def _sort_value(job: dict, key: str):
-    value = job[key]
-    if key == "state":
-        rank = STATE_ORDER.get(value, len(STATE_ORDER))
-        then = (-job["nodes"] if rank == 0 else job["submit_time"] if rank == 1 else -(job["end_time"] or 0))
-        return rank, then
-    if key == "confidence":
-        return CONFIDENCE.index(value) if value in CONFIDENCE else len(CONFIDENCE)
-    return value
-
-
-def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
-    sel = [j for j in jobs if _matches(j, states, (text or "").strip(), curves)]
-    sort_by = sort_by or DEFAULT_SORT
-    if sort_by:
-        key = SORT_KEYS.get(sort_by[0]["column_id"], "state")
-        rev = sort_by[0]["direction"] == "desc"
-        present = [j for j in sel if j.get(key) is not None]
-        absent = [j for j in sel if j.get(key) is None]
-        sel = sorted(present, key=lambda j: _sort_value(j, key), reverse=rev) + absent
-    total = len(sel)
-    page_rows = sel[page * size:(page + 1) * size]
+def table_rows(snap, history, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
+    """One page of the table and how many jobs match: the snapshot's jobs and the store's older
+    ended ones, filtered, sorted and paged together (app/job_list.py)."""
+    sort = (sort_by or DEFAULT_SORT)[0]
+    q = JobQuery(states=tuple(states or ()), text=(text or "").strip(), curves=tuple(curves or ()),
+                 order=SORT_KEYS.get(sort["column_id"], "state"), descending=sort["direction"] == "desc")
+    page_rows, total = list_jobs(snap, history, q, page * size, size)
     out = [{"link": f'[{j["id"]}](/jobs/{j["id"]})', "name": j["name"], "owner": j["owner"] or "job set",
             "state": "waiting for nodes" if j["state"] == "running" and not j["nodes"] else j["state"],
             "nodes": j["nodes"], "rate": si(j["samples_per_second"]),
@@ -144,8 +115,8 @@ def table_rows(jobs, states, text, sort_by, page, size=PAGE_SIZE, curves=None):
                Input(ids.JOBS_SEARCH, "value"), Input(ids.JOBS_TABLE, "sort_by"),
                Input(ids.JOBS_TABLE, "page_current"), Input(ids.JOBS_CURVE, "value"))
 def update_table(_n, states, text, sort_by, page, curves):
-    snap = context.harvester.snapshot
-    rows, total = table_rows(snap.jobs, states, text, sort_by, page or 0, curves=curves)
+    rows, total = table_rows(context.harvester.snapshot, context.history, states, text, sort_by, page or 0,
+                             curves=curves)
     pages = max(1, -(-total // PAGE_SIZE))
     return rows, pages, f"{total:,} job{'s' if total != 1 else ''}"
 

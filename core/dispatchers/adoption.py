@@ -24,7 +24,7 @@ def kept_path(logdir: Path, job_id: str) -> Path:
 
 
 def keep(logdir: Path, job_id: str, port: int, secret: str, token: str) -> None:
-    (logdir / job_id).mkdir(parents=True, exist_ok=True)
+    (logdir / job_id).mkdir(mode=0o700, parents=True, exist_ok=True)
     write_private(kept_path(logdir, job_id), json.dumps({"port": port, "secret": secret, "token": token}))
 
 

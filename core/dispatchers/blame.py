@@ -8,7 +8,8 @@ failures (core/failures.py); the dispatcher acts on the verdicts.
 - Neither's (`consequence`): a rank saw a peer vanish, or a group that could not form because a
   member died. The node is fine and the job is not at fault.
 - The job's own: everything else (an exception, an error status, out of memory, a crash signal
-  such as SIGSEGV). The job fails when the same error comes from every node it held, within
+  such as SIGSEGV). A job over a cap of the site's (`limit`: its processes, its checkpoint
+  folder; limits.py) fails at once, whatever killed its processes after. The job fails when the same error comes from every node it held, within
   `SAME_FAULT_S` of the first, or when its own errors follow it across `max_nodes` distinct
   nodes within the crash window; one node's error alone does not fail it.
 """
@@ -31,6 +32,8 @@ _ADDRESSES = re.compile(r"\[rank\d+\]:?\s*|(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|0x[0
 
 def node_caused(failure: Failure) -> bool:
     """Lost for a reason of the node: not answering, silent, or killed from outside."""
+    if failure.kind == failures.LIMIT:
+        return False              # the harvester killed them for the job's own excess
     if failure.kind in (failures.UNREACHABLE, failures.HUNG):
         return True
     if failure.kind == failures.SIGNAL:

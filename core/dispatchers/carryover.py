@@ -66,6 +66,7 @@ def forget(logdir: Path, new: Job) -> None:
 def _copy(src: Path, dst: Path) -> tuple[int, int]:
     """`src`'s tree into `dst` (which must not exist yet): files with their modes and times, links
     as links; as root, each entry keeps its owner (the job's account). (files, bytes)."""
+    dst.parent.mkdir(mode=0o700, parents=True, exist_ok=True)     # the job's folder: the harvester's (folders.py)
     dst.mkdir(parents=True)
     files = size = 0
     names = sorted(os.listdir(src), key=lambda n: (n != STEP_FILE, n))

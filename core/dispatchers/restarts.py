@@ -15,7 +15,6 @@ thread pool and the event queue it shares with runtime jobs).
 """
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import failures
+from .. import failures, patterns
 from . import blame
 from . import rendezvous
 from ..failures import Failure
@@ -381,6 +380,13 @@ class RestartJobs:
                         detail=failure.line(), failure=failure.to_dict()))
 
     def _read_progress(self, run: _RestartRun, rank0: Handle) -> None:
+        """Rank 0's last lines (at most TAIL_LINES, each bounded by the transport) and the
+        progress in them; a pattern stored before RE2's rules fails the job, saying why."""
+        refused = patterns.refused(run.job.progress_pattern)
+        if refused:
+            self.fail(run, Failure(failures.OTHER, f"its progress pattern {run.job.progress_pattern!r} cannot be "
+                                   f"matched: {refused}", None, "register the job again with an RE2 pattern"))
+            return
         tail = self._tail(rank0)
         lines = [line for line in tail if line.strip()]
         if lines:
@@ -429,16 +435,10 @@ class RestartJobs:
 
     @staticmethod
     def _last_match(pattern: str, lines: list[str], per_step: float = 0.0) -> Optional[float]:
-        """Group 1 of the last line matching `pattern`: samples, or steps of `per_step` samples."""
-        rx = re.compile(pattern)
-        for line in reversed(lines):
-            m = rx.search(line)
-            if m:
-                try:
-                    return float(m.group(1)) * (per_step if per_step > 0 else 1.0)
-                except (IndexError, ValueError):
-                    return None
-        return None
+        """Group 1 of the last line matching `pattern` (RE2: linear in the lines, which the
+        transport's tail bounds) that holds a finite, non-negative count: samples, or steps of
+        `per_step` samples. `nan`, `inf` or `-5` are no progress (patterns.count)."""
+        return patterns.last_count(pattern, lines, per_step if per_step > 0 else 1.0)
 
     def _tail(self, handle: Handle) -> list[str]:
         try:

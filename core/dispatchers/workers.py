@@ -48,10 +48,11 @@ from ..runtime.reports import ReportBook
 from ..transports.base import STOP_KILL, STOP_LOST, Handle, NodeSpec, StartError, Transport, TransportError
 from ..transports.cleanup import ENV_MARK, new_mark
 from ..transports.runas import RunAs
-from . import adoption, carryover
+from . import adoption, carryover, folders, node_checks
 from .base import Dispatcher
 from .blame import JobFaults, consequence, node_caused
 from .health import Health, stalled_failure, story_of
+from .limits import JobLimits, LimitWatch, Watched
 from .metering import Meter
 from .node_health import NodeHealth
 from .restarts import RestartJobs, checkpoint_dir
@@ -64,8 +65,6 @@ HISTORY = 10                 # generations a job's status shows
 #: (and, for a runtime job, none of its workers' heartbeats came within UNANSWERED_HEARD_S)
 UNANSWERED_CHECKS = 2
 UNANSWERED_HEARD_S = 2.0
-#: a held-out node's check: any command at all over its transport, within this
-NODE_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -91,7 +90,8 @@ class WorkerDispatcher(Dispatcher):
                  alive_every_s: float = 0.5, pg_timeout_s: float = 10.0, sample_s: float = 5.0,
                  crash_window_s: float = DEFAULT_CRASH_WINDOW_S, heartbeat_timeout_s: float = 15.0,
                  run_as: Optional[RunAs] = None, orphan_s: float = 0.0, adopt_s: float = 30.0,
-                 start_timeout_s: float = 300.0, rendezvous_timeout_s: float = 60.0) -> None:
+                 start_timeout_s: float = 300.0, rendezvous_timeout_s: float = 60.0,
+                 limits: JobLimits = JobLimits()) -> None:
         """A job fails when `max_crashes` of its workers are lost within `crash_window_s`; a worker
         whose heartbeat stops for `heartbeat_timeout_s` is lost (and its node taken out) too.
         `run_as`: the site's launcher, before the argv of a job that runs as its owner's account.
@@ -99,26 +99,23 @@ class WorkerDispatcher(Dispatcher):
         job's store trains on and redials it that long, and after a restart each job's workers
         are waited for `adopt_s` to rejoin a coordinator on the same port, with the same secret.
         A job that holds nodes and commits no step for `start_timeout_s` fails, with its reason;
-        a torchrun generation whose ranks form no group within `rendezvous_timeout_s` too (restarts.py)."""
+        a torchrun generation whose ranks form no group within `rendezvous_timeout_s` too (restarts.py);
+        one over a cap of `limits` too (limits.py)."""
         self.transport = transport
         self.name = transport.name
         self.specs = {n.name: n for n in nodes}
         self.logdir = Path(logdir).resolve()
+        folders.prepare(self.logdir, run_as is not None)
         self.report_base = report_base.rstrip("/") if report_base else None
         self.workdir = workdir
         self.pythonpath = pythonpath
         self.coordinator_host = coordinator_host      # the address workers dial for the job's store
         self.coordinator_bind = coordinator_bind      # where the store listens (None: torch's default)
         self.worker_env = tuple(worker_env)           # names of this process's variables workers get
-        self.stop_grace_s = stop_grace_s
-        self.vacate_grace_s = vacate_grace_s
-        self.max_crashes = max_crashes
-        self.rejoin_after_s = rejoin_after_s
-        self.crash_window_s = crash_window_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.run_as = run_as
-        self.orphan_s = orphan_s
-        self.adopt_s = adopt_s
+        self.stop_grace_s, self.vacate_grace_s = stop_grace_s, vacate_grace_s
+        self.max_crashes, self.rejoin_after_s = max_crashes, rejoin_after_s
+        self.crash_window_s, self.heartbeat_timeout_s = crash_window_s, heartbeat_timeout_s
+        self.run_as, self.orphan_s, self.adopt_s = run_as, orphan_s, adopt_s
         self.start_timeout_s = start_timeout_s
         self.interfaces: dict[str, str] = {}   # node -> the interface that reaches the head (its check's)
         self.life = 1                 # the harvester's start number (begin_life), in every log's name
@@ -143,6 +140,7 @@ class WorkerDispatcher(Dispatcher):
                                     self._pool.submit, self._post, self._restart_lost, sample_s=sample_s,
                                     start_timeout_s=start_timeout_s, interfaces=self.interfaces,
                                     rendezvous_timeout_s=rendezvous_timeout_s)
+        self.limits = LimitWatch(transport, limits, self._pool.submit, self._limited)
 
     # ---- what the controller asks ---------------------------------------------------------
     def resize(self, job: Job, nodes: Sequence[str], now: float) -> None:
@@ -210,6 +208,7 @@ class WorkerDispatcher(Dispatcher):
                 self._retire(run, n, self.vacate_grace_s, wait_exit_s=0.0, lost=True)
 
     def stop(self, job: Job, now: float) -> None:
+        self.limits.forget(job.id)
         if job.launcher == LAUNCHER_TORCHRUN:
             self._faults.pop(job.id, None)
             return self.restarts.stop(job)
@@ -290,7 +289,8 @@ class WorkerDispatcher(Dispatcher):
             events += [Event(now, EventKind.NODE_JOIN, node=n, detail="offered again after a lost worker")
                        for n in due if not self.node_health.is_out(n) and not self.transport.taken_back(n)]
             for node in self.node_health.due():
-                self._pool.submit(self._check_node, node)
+                self._pool.submit(node_checks.check, self.transport, self.specs.get(node), self.node_health,
+                                  self._post, node)
             for run in list(self._runs.values()):
                 if run.ended:
                     continue
@@ -313,6 +313,7 @@ class WorkerDispatcher(Dispatcher):
                     (any(r.handles for r in self._runs.values()) or self.restarts.handles()):
                 self._checking = True
                 self._pool.submit(self._check_alive)
+        self.limits.poll(self._watched)
         return events
 
     def begin_life(self, life: int) -> None:
@@ -599,43 +600,12 @@ class WorkerDispatcher(Dispatcher):
         faults = self._faults.setdefault(job_id, JobFaults(self.crash_window_s, self.max_crashes))
         return faults.add(node, failure, held, now)
 
-    def _check_node(self, node: str) -> None:
-        """Off the controller's thread: a held-out node is checked over its transport; it comes
-        back (a join) once a check passes, else it waits longer (node_health.py)."""
-        spec = self.specs.get(node)
-        if spec is None:
-            self.node_health.passed(node)
-            return
-        try:
-            rc, _, err = self.transport.run(spec, ["true"], NODE_CHECK_TIMEOUT_S)
-            why = "" if rc == 0 else (err.strip().splitlines() or [f"exit status {rc}"])[-1]
-        except TransportError as e:
-            why = e.message
-        except Exception as e:         # a check must never kill the pool's thread
-            why = f"{type(e).__name__}: {e}"
-        if why:
-            wait_s = self.node_health.failed(node, why)
-            log.info("node %s still held out: its check failed (%s); checked again in %.0f s", node, why, wait_s)
-            return
-        sick = self.node_health.passed(node)
-        if sick is not None:
-            out_s = time.time() - sick.since
-            log.info("node %s is back: a check passed %.0f s after it was lost (%s)", node, out_s, sick.reason)
-            self._post(Event(time.time(), EventKind.NODE_JOIN, node=node, detail=(
-                f"back: a check passed {out_s:.0f} s after it was lost ({sick.reason})")))
-
     def node_states(self) -> dict[str, str]:
         """The nodes held out for reasons of their own, and why (the cluster page, /api/cluster)."""
         return self.node_health.states()
 
     def clear_node(self, node: str) -> bool:
-        """Staff vouch for a held-out node: it is offered again at once. False if it was not held out."""
-        sick = self.node_health.clear(node)
-        if sick is None:
-            return False
-        log.info("node %s cleared by staff: offered again (was lost: %s)", node, sick.reason)
-        self._post(Event(time.time(), EventKind.NODE_JOIN, node=node, detail="cleared by staff"))
-        return True
+        return node_checks.clear(self.node_health, self._post, node)
 
     def _fail(self, run: _Run, failure: Failure, now: float) -> None:
         """The job fails, once, with its named reason (under the lock)."""
@@ -720,6 +690,31 @@ class WorkerDispatcher(Dispatcher):
                 failure = failures.named(failures.STORE_DOWN, f"the job's store could not be started again: {e}", None)
                 self._events.append(Event(time.time(), EventKind.JOB_FAILED, job=job.id, detail=failure.line(),
                                           failure=failure.to_dict()))
+
+    def _watched(self) -> list[Watched]:
+        """The running jobs and their workers, for their limits."""
+        with self._lock:
+            runs = [(r.job.id, tuple(r.handles.values())) for r in self._runs.values() if not r.ended]
+        runs += [(j, tuple(r.gen.handles.values())) for j, r in list(self.restarts.runs.items())
+                 if not r.ended and r.gen is not None]
+        return [Watched(j, str(checkpoint_dir(self.logdir, j)), hs) for j, hs in runs]
+
+    def _limited(self, job_id: str, node: Optional[str], failure: Failure) -> None:
+        """A job over a cap fails (its own fault), its workers on `node` killed at once: out of its
+        handles first, so that no liveness check takes their end for a lost node, held out."""
+        with self._lock:
+            run, rr = self._runs.get(job_id), self.restarts.runs.get(job_id)
+            taken: list[Handle] = []
+            if run is not None:
+                taken = [run.handles.pop(k) for k, h in list(run.handles.items()) if h.node.name == node]
+                self._fail(run, failure, time.time())
+        if rr is not None:
+            with rr.applying:
+                if rr.gen is not None:
+                    taken = [h for h in rr.gen.handles.values() if h.node.name == node]
+                    rr.gen.handles = {k: h for k, h in rr.gen.handles.items() if h.node.name != node}
+                self.restarts.fail(rr, failure)
+        self._stop_handles(taken, 0.0)
 
     def _post(self, event: Event) -> None:
         with self._lock:

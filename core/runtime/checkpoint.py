@@ -65,7 +65,7 @@ class Checkpoints:
             return
         if step <= max(self.step, self.disk_step()):
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)     # the job's only
         final = self.directory / CHECKPOINT_FILE
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),

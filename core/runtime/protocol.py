@@ -47,7 +47,8 @@ same step, so the group always stops on a step that every rank committed.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, Optional
 
 # environment of a worker process (what JobCoordinator.worker_env returns)
 ENV_STORE = "HARVEST_STORE"                  # "host:port" of the job's TCPStore
@@ -128,3 +129,24 @@ def encode(obj: Any) -> str:
 
 def decode(raw: bytes | str) -> Any:
     return json.loads(raw.decode() if isinstance(raw, (bytes, bytearray)) else raw)
+
+
+def clean_progress(prog: Any) -> dict:
+    """Rank 0's progress record (JSON the job wrote, where NaN is a word) with numbers the
+    harvester can show and use: none ({}) when it is no object or its step no whole number >= 0;
+    a rate, step time or loss that is not finite (a diverged loss) is None, a metric that is not a
+    finite number is left out."""
+    step = prog.get("step", 0) if isinstance(prog, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return {}
+    metrics = prog.get("metrics")
+    return {**prog, "samples_per_second": _finite(prog.get("samples_per_second"), 0.0),
+            "step_time_s": _finite(prog.get("step_time_s"), 0.0), "loss": _finite(prog.get("loss")),
+            "metrics": {k: v for k, v in metrics.items() if _finite(v) is not None} if isinstance(metrics, dict) else {}}
+
+
+def _finite(value: Any, least: float = -math.inf) -> Optional[float]:
+    """The number if it is a finite one of at least `least`, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) and value >= least else None

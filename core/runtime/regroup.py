@@ -344,8 +344,8 @@ class RegroupMachine(RegroupState):
         return self._take()
 
     def progress_read(self, prog: dict) -> None:
-        """Rank 0's latest progress record (only the running generation's counts)."""
-        cur = self.current
+        """Rank 0's latest progress record (only the running generation's counts; P.clean_progress)."""
+        cur, prog = self.current, P.clean_progress(prog)
         if prog and cur is not None and prog.get("gen") == cur.gen:
             self.progress = prog
             self._keep_loss(int(prog.get("step", 0)), prog.get("loss"))

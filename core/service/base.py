@@ -17,13 +17,15 @@ from ..controller import Controller
 from ..lifecycle import life_events
 from ..model import Job, JobState
 from ..quotas import QuotaBook
+from ..registrations import Registrations
 from ..runners import Runner
 from ..schemas import JobSpec, explain
 from ..snapshot import Snapshot, empty_snapshot
 from ..slots import Slots
-from ..store import Store, UsageHistory, refuse_foreign
+from ..store import Store, refuse_foreign
 from ..storelock import StoreLock
-from ..usage import Change, JobRecord, Progress, UsageReport, report
+from ..usage import Totals, UsageReport
+from .usage_source import UsageSource
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,8 @@ class Harvester:
         self.error: Optional[str] = None
         self._lock = threading.RLock()
         self._seq = 0
-        self._usage = UsageHistory(self.db)
+        self._usage = UsageSource(self.db)
+        self.registrations = Registrations()     # per-user registrations a minute and a day (core.assemble sets them)
         self._quota_source: Optional[Callable[[], Optional[QuotaBook]]] = None
 
     # ---- what a variant says ----------------------------------------------------------------
@@ -113,9 +116,11 @@ class Harvester:
 
     def _run(self, runner: Runner) -> None:
         runner.controller.quota.source = self._quota_source
+        self.registrations.seed_once(runner.controller)     # the day's counts survive a restart
         self.runner = runner
         runner.start()
         self.error = None
+        self._usage.begin_run(runner.controller.slots)
 
     @staticmethod
     def _last_life(store: Optional[Store], resumed: bool) -> tuple[int, Optional[bool], Optional[float]]:
@@ -130,7 +135,7 @@ class Harvester:
         """Log this start (a new run, or a restart after a clean stop or a crash) and count it
         in the store, in the first flush (with `meta`)."""
         starts, clean, saved = last
-        active = [j.id for j in ctl.jobs.values() if not j.state.finished]
+        active = list(ctl.jobs.live)      # the jobs not ended (ended ones are the store's)
         for ev in life_events(ctl.clock.now(), starts, clean, saved, active):
             ctl.record(ev)
         ctl.flush({**(meta or {}), "starts": starts + 1, "clean_stop": False})
@@ -210,16 +215,12 @@ class Harvester:
         the store's history as of its last flush (so a kill -9 loses nothing that was reported);
         `accounts`: each owner's account (the front end knows the users). ValueError for a `by`
         that is not one of core.usage.BY."""
-        history = self._usage.read() or {"changes": [], "progress": [], "jobs": [], "timeline": [], "until": None}
-        ctl = self.controller
-        slots = ctl.slots if ctl is not None else Slots()
-        until = history["until"]
-        if until is None:
-            until = self.snapshot.time
-        return report((Change(t, j, tuple(a), tuple(r)) for t, j, a, r in history["changes"]),
-                      (Progress(*row) for row in history["progress"]),
-                      (JobRecord(*row) for row in history["jobs"]), history["timeline"], start, end, until,
-                      by, accounts, slots, series)
+        return self._usage.report(start, end, by, accounts, getattr(self.controller, "slots", None) or Slots(),
+                                  self.snapshot.time, series)
+
+    def usage_totals(self) -> dict[str, Totals]:
+        """`usage()` per owner over the whole history, kept up to date (core/usage_tally.py)."""
+        return self._usage.totals()
 
     def worker_status(self, job_id: str) -> Optional[dict]:
         """What a job's real workers say of themselves; None without real workers."""
@@ -249,7 +250,7 @@ class Harvester:
         ctl = runner.controller
         with ctl.lock:
             job = self._vet(spec, owner, staff, unix, ctl)
-            ctl.submit(job, durable=True)
+            self.registrations.admit(owner, staff, lambda: ctl.submit(job, durable=True))
         runner.publish()
         return job
 
@@ -257,6 +258,7 @@ class Harvester:
              run_as: Optional[str] = None) -> Job:
         """The job a registration makes (under the controller's lock), or ValueError why none;
         `run_as` given: the account its command runs as, already vetted (a resubmission)."""
+        self.registrations.check(owner, staff)     # 429: nothing else is looked at, nothing stored
         refused = None
         if run_as is None:
             run_as, refused = self._runs_as(spec, staff, unix)
@@ -301,7 +303,7 @@ class Harvester:
                 refused = over_quota(ctl.active_jobs_of(old.owner), self.user_max_jobs, staff)
                 if refused:
                     raise ValueError(refused)
-                ctl.submit(job, durable=True, detail=detail)
+                self.registrations.admit(old.owner, staff, lambda: ctl.submit(job, durable=True, detail=detail))
         except BaseException:
             dispatcher.forget_carried(job)
             raise

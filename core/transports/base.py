@@ -159,7 +159,8 @@ class Transport(ABC):
     def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
         """Create directory `path` on the node (with its parents) owned by Unix account `user`
         and private to it (0700): where a job that runs as that account writes (its checkpoints).
-        Raises StartError when that cannot be done, TransportError when the node is unreachable."""
+        Its parent and grandparent (the job's folder and the workers' folder, otherwise 0700) are
+        made passable (0711): the account can enter them, not list them. Raises StartError when that cannot be done, TransportError when the node is unreachable."""
         raise StartError(node.name, f"the {self.name or 'this'} transport cannot run workers as another account")
 
     def alive_many(self, handles: Iterable[Handle]) -> dict[Handle, Optional[bool]]:
@@ -171,6 +172,24 @@ class Transport(ABC):
     def alive(self, handle: Handle) -> bool:
         """Whether this worker still runs. Raises TransportError when its node is unreachable."""
         return self._alive_node([handle])[handle]
+
+    def census(self, handles: Iterable[Handle]) -> dict[Handle, Optional[int]]:
+        """How many live processes each worker has on its node (its session's, its process
+        group's and those its cleanup finds: core/transports/census.py), one round trip per node;
+        a handle left out, or None, where that is not known (an unreachable node, a transport
+        that cannot tell)."""
+        return self._per_node(handles, self._census_node, None)
+
+    def _census_node(self, handles: list[Handle]) -> dict[Handle, Optional[int]]:
+        """census for handles that all live on one node (nothing known by default)."""
+        return {}
+
+    def folder_size(self, node: NodeSpec, path: str) -> tuple[Optional[int], bool]:
+        """The bytes of disk the folder `path` on the node takes, and whether all of it was read
+        (a walk of bounded cost may stop early: the size is then a lower bound); (None, True)
+        when there is no such folder or the transport cannot tell. Raises TransportError when
+        the node is unreachable."""
+        return None, True
 
     def stop_many(self, handles: Iterable[Handle], grace_s: float = 5.0) -> dict[Handle, str]:
         """`stop` for many workers: one round trip per node, all nodes in parallel, so vacating

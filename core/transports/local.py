@@ -22,12 +22,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
+from ..logtail import tail_path
 from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport, TransportError,
                    check_start_args, inherited_env)
+from . import census
 from .cleanup import ENV_MARK, Cleanup, check_mark, new_mark, proc_stat, signal_each, start_token
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,25 @@ def _joiner(fd: Optional[int], then):
     return join
 
 
+def private_dirs(path: Path, mode: int = 0o700) -> None:
+    """`path` and the parents it lacks, each made with `mode` (the harvester's folders are its
+    own: other accounts list no job there); an existing `path` gets no less than `mode`."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=mode)
+        except FileExistsError:
+            pass
+        os.chmod(d, mode)
+    st = path.stat()
+    if not missing and st.st_uid == os.geteuid() and st.st_mode & mode != mode:
+        os.chmod(path, (st.st_mode | mode) & 0o7777)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -135,7 +155,9 @@ class LocalTransport(Transport):
         except KeyError:
             raise StartError(node.name, f"there is no Unix account {user!r} on this host") from None
         try:
-            Path(path).mkdir(parents=True, exist_ok=True)
+            private_dirs(Path(path).parent, 0o711)     # it can pass through (not list) its parents
+            private_dirs(Path(path).parent.parent, 0o711)
+            Path(path).mkdir(mode=0o700, exist_ok=True)
             os.chown(path, account.pw_uid, account.pw_gid)
             os.chmod(path, 0o700)
         except OSError as e:
@@ -149,7 +171,7 @@ class LocalTransport(Transport):
             raise StartError(node.name, f"no working directory {workdir!r}")
         mark = env[ENV_MARK] = check_mark(env[ENV_MARK]) if env.get(ENV_MARK) else new_mark()
         try:
-            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(Path(log_path).parent)
             try:
                 proc = self._popen(argv, env, workdir, log_path, mark)
             except subprocess.SubprocessError as e:     # it could not join its cgroup
@@ -217,6 +239,14 @@ class LocalTransport(Transport):
 
     def _alive_node(self, handles: list[Handle]) -> dict[Handle, bool]:
         return {h: self._reap(h) for h in handles}
+
+    def _census_node(self, handles: list[Handle]) -> dict[Handle, Optional[int]]:
+        members = self.cleanup.members(h.mark for h in handles if h.mark)
+        counts = census.count([(h.pid, h.mark) for h in handles], members)
+        return {h: counts.get(h.pid) for h in handles}
+
+    def folder_size(self, node: NodeSpec, path: str) -> tuple[Optional[int], bool]:
+        return census.folder_size(path)
 
     def _strays(self, handles: list[Handle]) -> dict[Handle, list[int]]:
         """Each worker's processes outside its process group: children that called setsid()."""
@@ -320,20 +350,7 @@ class LocalTransport(Transport):
         self.cleanup.close()
 
 
-def tail_file(path: str, lines: int, block: int = 8192) -> list[str]:
-    """The last `lines` lines of a file, reading only its end."""
-    if lines <= 0:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            pos, data = f.tell(), b""
-            while pos > 0 and data.count(b"\n") <= lines:
-                step = min(block, pos)
-                pos -= step
-                f.seek(pos)
-                data = f.read(step) + data
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        return []
-    text = data.decode("utf-8", "replace")
-    return list(deque(text.splitlines(), maxlen=lines))
+def tail_file(path: str, lines: int) -> list[str]:
+    """The last `lines` lines of a file, reading only its end: at most logtail.MAX_READ_BYTES,
+    each line at most logtail.MAX_LINE_BYTES (longer ones cut and marked)."""
+    return tail_path(path, lines)

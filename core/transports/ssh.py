@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from ..logtail import MAX_READ_BYTES, last_lines
 from .base import (STOP_GONE, STOP_KILL, STOP_TERM, Handle, NodeSpec, StartError, Transport,
                    TransportError, check_start_args)
 from .cleanup import CGROUP1, CGROUP2, ENV_MARK, check_mark, host_prefix, instance, instance_dead, new_mark
@@ -154,6 +155,23 @@ exit 0
 _KILL = r"""
 if _ours "$1" "$2"; then kill -s KILL -- "-$1" 2>/dev/null; _g=$1; else _g=; fi
 _mkill "$3"; _wait_gone 500 "$_g" "$3" >/dev/null; _mrm "$3"
+"""
+
+# How many processes each worker ($1 $2 ...: its PID, its mark or '-') has: "HVP <pid> <process>"
+# for each process of its session or process group, or of its cgroup or mark (census.py's sum).
+_CENSUS = r"""
+_lead=" "; _marks=
+while [ $# -ge 2 ]; do _lead="$_lead$1 "; [ "$2" = - ] || _marks="$_marks $1=$2"; shift 2; done
+for _f in /proc/[0-9]*/stat; do
+  { read -r _l < "$_f"; } 2>/dev/null || continue; _r=${_l##*') '}; set -- $_r
+  [ "$1" = Z ] && continue
+  _p=${_f#/proc/}; _p=${_p%/stat}
+  case "$_lead" in *" $3 "*) echo "HVP $3 $_p";; esac
+  [ "$4" = "$3" ] || case "$_lead" in *" $4 "*) echo "HVP $4 $_p";; esac
+done
+for _e in $_marks; do for _x in $(_members "${_e#*=}"); do echo "HVP ${_e%%=*} $_x"; done; done
+echo "HVP done"
+exit 0
 """
 
 # Lists what harvester runs of this host ($_hp: `<host>.<pid namespace>`) left on the node: their
@@ -319,7 +337,7 @@ class SshTransport(Transport):
         listing = not target.swept
         script = "\n".join([
             (f"cd -- {q(workdir)} || exit {_NO_WORKDIR}" if workdir else ":"),
-            f"mkdir -p -- {logdir} 2>/dev/null; ( umask 077; : > {log} ) || exit {_NO_LOG}",
+            f"( umask 077; mkdir -p -- {logdir} ) 2>/dev/null; ( umask 077; : > {log} ) || exit {_NO_LOG}",
             f'( {exports}command -v "$1" >/dev/null 2>&1 ) || '
             f'{{ echo "command not found: $1" >&2; exit {_NO_COMMAND}; }}',
             (f"_hp={q(host_prefix())}\n{_LIST}" if listing else ":"),
@@ -384,8 +402,10 @@ class SshTransport(Transport):
         return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
 
     def give_dir(self, node: NodeSpec, path: str, user: str) -> None:
-        r = self.run_script(node, 'mkdir -p -- "$1" && chown -- "$2:" "$1" && chmod 700 -- "$1"', [path, user],
-                            timeout=30.0)
+        up = os.path.dirname(path)
+        r = self.run_script(node, 'umask 066; mkdir -p -- "$3" && chmod go+x -- "$3" "$4" && umask 077 && '
+                                  'mkdir -p -- "$1" && chown -- "$2:" "$1" && chmod 700 -- "$1"',
+                            [path, user, up, os.path.dirname(up) or "/"], timeout=30.0)
         if r.returncode != 0:
             err = r.stderr.decode("utf-8", "replace").strip().splitlines()
             raise StartError(node.name, f"cannot give {path} to {user}" + (f" ({err[-1]})" if err else ""))
@@ -418,16 +438,42 @@ class SshTransport(Transport):
         ok = {STOP_GONE, STOP_TERM, STOP_KILL}
         return {h: seen[h.pid] if seen[h.pid] in ok else STOP_GONE for h in handles}
 
+    def _census_node(self, handles: list[Handle]) -> dict[Handle, Optional[int]]:
+        args = [x for h in handles for x in (str(h.pid), check_mark(h.mark) if h.mark else "-")]
+        r = self.run_script(handles[0].node, _CENSUS, args, limit=self.alive_timeout_s * 3)
+        seen: dict[int, set[str]] = {}
+        lines = self._marked(r, "HVP")
+        if r.returncode != 0 or ["done"] not in lines:
+            return {}
+        for p in lines:
+            if len(p) == 2:
+                seen.setdefault(int(p[0]), set()).add(p[1])
+        return {h: len(seen.get(h.pid, ())) for h in handles}
+
+    def folder_size(self, node: NodeSpec, path: str) -> tuple[Optional[int], bool]:
+        r = self.run_script(node, '[ -d "$1" ] || { echo "HVS none"; exit 0; }; '
+                                  'echo "HVS $(du -sk -- "$1" 2>/dev/null | cut -f1)"', [path], timeout=30.0)
+        said = self._marked(r)
+        if not said or not said[-1] or not said[-1][0].isdigit():
+            return None, True
+        return int(said[-1][0]) * 1024, True
+
     def kill(self, handle: Handle) -> None:
         self.run_script(handle.node, _KILL, self._pairs([handle], marks=True), timeout=15.0)
 
     def tail(self, handle: Handle, lines: int = 20) -> list[str]:
+        """`tail -c` first: `tail -n` alone sends a 30 MB line whole. One byte more than the cap
+        says whether what came begins a line (logtail.last_lines)."""
         if lines <= 0:
             return []
-        r = self.run_script(handle.node, 'echo HVS-TAIL; tail -n "$1" -- "$2" 2>/dev/null; exit 0',
-                            [str(int(lines)), handle.log_path], limit=2 * self.alive_timeout_s)
-        out = r.stdout.decode("utf-8", "replace").splitlines()
-        return out[out.index("HVS-TAIL") + 1:] if "HVS-TAIL" in out else []
+        r = self.run_script(handle.node, 'echo HVS-TAIL; tail -c "$1" -- "$3" 2>/dev/null | tail -n "$2"; exit 0',
+                            [str(MAX_READ_BYTES + 1), str(int(lines) + 1), handle.log_path],
+                            limit=2 * self.alive_timeout_s)
+        head, mark, data = r.stdout.partition(b"HVS-TAIL\n")
+        if not mark:
+            return []
+        whole = len(data) <= MAX_READ_BYTES or data[:1] in (b"\n", b"\r")
+        return last_lines(data if len(data) <= MAX_READ_BYTES else data[1:], lines, whole)
 
     def close(self) -> None:
         """Stop the master connections (they would otherwise linger ControlPersist seconds)."""
