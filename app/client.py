@@ -53,7 +53,7 @@ class JobFields(TypedDict, total=False):
     global_batch: int
     #: "runtime" (the script uses core/runtime/elastic.py, the default) or "torchrun" (an unmodified script)
     launcher: str
-    #: torchrun jobs: the regex that finds progress in rank 0's output
+    #: torchrun jobs: the RE2 pattern that finds progress in rank 0's output (group 1: samples)
     progress_pattern: str
     #: torchrun jobs: SIGTERM to SIGKILL at a restart, for the script to checkpoint
     stop_grace_seconds: float
@@ -155,10 +155,13 @@ class ApiError(Exception):
     One type for every failure so that a script needs one `except`; `field_errors` holds the
     server's message per field of a refused job (422), empty otherwise."""
 
-    def __init__(self, status: int, message: str, field_errors: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, status: int, message: str, field_errors: Optional[dict[str, str]] = None,
+                 retry_after: Optional[float] = None) -> None:
         self.status = status
         self.message = message
         self.field_errors: dict[str, str] = dict(field_errors or {})
+        #: a 429's Retry-After: seconds until the server takes the request again (None otherwise)
+        self.retry_after = retry_after
         detail = "; ".join(f"{k}: {v}" for k, v in self.field_errors.items())
         super().__init__(f"{status or 'no answer'}: {message}" + (f" ({detail})" if detail else ""))
 
@@ -188,12 +191,19 @@ class JobFailed(Exception):
 
 class Client:
     """One harvester at `url` (e.g. "http://head01:8050"), as the holder of `token` (from
-    `POST /api/token`; `Client.login` gets one). Reads need no token, writes do."""
+    `POST /api/token`; `Client.login` gets one). Reads need no token, writes do.
 
-    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 30.0) -> None:
+    A request the server refuses for now (429: too many registrations this minute, a throttled
+    login) is sent again once its `Retry-After` has passed, as long as the wait fits in
+    `patience` seconds (a study registering trials in a burst goes on at the server's pace); a
+    longer wait (the day's cap) raises ApiError 429 with `retry_after` at once."""
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 30.0,
+                 patience: float = 120.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.patience = patience
 
     @classmethod
     def login(cls, url: str, user: str, password: str, timeout: float = 30.0) -> "Client":
@@ -308,6 +318,17 @@ class Client:
         return self._request("POST", f"/api/nodes/{_quote(node)}/{command}")
 
     def _request(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+        """One request, sent again after a 429's Retry-After while that fits in `patience`."""
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                return self._send(method, path, body)
+            except ApiError as e:
+                if e.retry_after is None or time.monotonic() + e.retry_after > deadline:
+                    raise
+                time.sleep(e.retry_after)
+
+    def _send(self, method: str, path: str, body: Optional[dict[str, Any]]) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
@@ -317,9 +338,10 @@ class Client:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                status, text = resp.status, resp.read().decode("utf-8", "replace")
+                status, text, retry_after = resp.status, resp.read().decode("utf-8", "replace"), None
         except urllib.error.HTTPError as e:
             status, text = e.code, e.read().decode("utf-8", "replace")
+            retry_after = _seconds(e.headers.get("Retry-After")) if status == 429 else None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise ApiError(0, f"cannot reach {self.url}: {reason}") from e
@@ -331,11 +353,19 @@ class Client:
             if isinstance(payload, dict):
                 errors = payload.get("errors")
                 raise ApiError(status, str(payload.get("error") or text),
-                               errors if isinstance(errors, dict) else None)
-            raise ApiError(status, text.strip()[:500] or f"HTTP {status}")
+                               errors if isinstance(errors, dict) else None, retry_after)
+            raise ApiError(status, text.strip()[:500] or f"HTTP {status}", retry_after=retry_after)
         if payload is None and text:
             raise ApiError(status, f"the server's answer is not JSON: {text[:200]!r}")
         return payload
+
+
+def _seconds(value: Optional[str]) -> Optional[float]:
+    """Retry-After in seconds (the harvester sends seconds, never an HTTP date)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _quote(job_id: str) -> str:

@@ -53,7 +53,7 @@ FIELD_HELP = {
              "workers: the profiler learns it)",
     "global_batch": "samples per step of the command (jobs on the elastic runtime)",
     "launcher": "runtime (the script uses the elastic runtime, the default) or torchrun (an unmodified script)",
-    "progress_pattern": "torchrun jobs: the regex that finds progress in rank 0's output",
+    "progress_pattern": "torchrun jobs: the RE2 pattern that finds progress in rank 0's output",
     "stop_grace_seconds": "torchrun jobs: seconds from SIGTERM to SIGKILL at a restart",
     "samples_per_step": "torchrun jobs: the progress pattern counts steps of this many samples (0: samples)",
 }

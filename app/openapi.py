@@ -205,10 +205,11 @@ def document(version: str = "1") -> dict:
                      "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": REF.format(model="JobSpec")}}}},
                      "responses": {**_ok("registered (Location: its URL)", "Job", "201"), **BAD_BODY, **AUTH_ERRORS,
                                    "422": _error("refused: `errors` says why, per field (a rule across fields "
-                                                 "such as max_nodes at least min_nodes or a progress_pattern "
-                                                 "with a group, no curve where no real workers run, a job too "
-                                                 "large for this site, too many jobs of this user, or a "
-                                                 "command this user may not run here); nothing stored"),
+                                                 "such as max_nodes at least min_nodes, a progress_pattern "
+                                                 "RE2 compiles with a group, a curve positive at some size, no "
+                                                 "curve where no real workers run, a job too large for this site, "
+                                                 "too many jobs of this user, or a command this user may not run "
+                                                 "here); nothing stored"),
                                    "409": _error("the replay has ended: nothing would run the job"),
                                    "429": _retry("this user registered their most jobs per minute or per day "
                                                  "(cancelled ones count too); nothing stored"),

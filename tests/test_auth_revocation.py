@@ -3,16 +3,15 @@ and browser sessions on a running server; a browser session unused for `--sessio
 the demo password stays the same across restarts of one store unless `--fresh`."""
 from __future__ import annotations
 
-import http.client
 import json
 import subprocess
 import sys
 import time
-import urllib.parse
 
 import pytest
 
 from app.auth import Users
+from tests.support.formlogin import browser_login, send
 from tests.support.server import ROOT, password, start_app
 from tests.support.waiting import wait
 
@@ -25,25 +24,6 @@ def app(tmp_path_factory):
                      "--local-nodes", "2", "--session-idle", "3")
     yield proc
     proc.stop()
-
-
-def send(app, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, dict, str]:
-    netloc = urllib.parse.urlsplit(app.url).netloc
-    conn = http.client.HTTPConnection(netloc, timeout=30)
-    try:
-        conn.request(method, path, body=body or None, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read().decode()
-    finally:
-        conn.close()
-
-
-def browser_login(app, name: str, pw: str) -> dict:
-    """The headers a browser sends after logging in through the form: its cookie and origin."""
-    status, headers, body = send(app, "POST", "/login", urllib.parse.urlencode({"username": name, "password": pw}).encode(),
-                                 {"Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 303, body[:300]
-    return {"Cookie": headers["Set-Cookie"].split(";")[0], "Origin": app.url}
 
 
 def known_as(app, headers: dict) -> bool:

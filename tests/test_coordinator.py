@@ -174,6 +174,8 @@ def test_report_book_checks_tokens() -> None:
     assert book.accept_http("j2", "Bearer secret-1", b'{"step": 6}') == 401
     assert book.accept_http("j2", "secret-2", b'{"step": 7}') == 401   # not a bearer header
     assert book.accept_http("j2", "Bearer secret-2", b"[1, 2]") == 400
+    assert book.accept_http("j2", "Bearer secret-2", b'{"step": 8, "loss": NaN}') == 400
+    assert book.accept_http("j2", "Bearer secret-2", b'{"step": 9, "rate": -Infinity}') == 400
     for i in range(5):
         book.accept("j1", "secret-1", {"step": 10 + i})
     assert [r["step"] for r in book.reports("j1")] == [12, 13, 14]

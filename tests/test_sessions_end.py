@@ -4,7 +4,6 @@ it for good (a replayed cookie is refused, after a restart too); pages and API a
 cached; a failed login leaves one log line, its user name escaped, never its password."""
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import sqlite3
@@ -20,6 +19,7 @@ from werkzeug.security import generate_password_hash
 from app.auth import RELOAD_CHECK_S, User, Users
 from app.signin import Gate, LoginPolicy, Refused
 from app.throttle import Limit
+from tests.support.formlogin import browser_login, send
 from tests.support.server import ROOT, password, start_app
 from tests.support.waiting import wait
 
@@ -32,25 +32,6 @@ def app(tmp_path_factory):
     proc = start_app(tmp_path_factory.mktemp("sessions"), "--fresh", *LIVE)
     yield proc
     proc.stop()
-
-
-def send(app, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, dict, str]:
-    netloc = urllib.parse.urlsplit(app.url).netloc
-    conn = http.client.HTTPConnection(netloc, timeout=30)
-    try:
-        conn.request(method, path, body=body or None, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read().decode()
-    finally:
-        conn.close()
-
-
-def browser_login(app, name: str, pw: str) -> dict:
-    """The headers a browser sends after logging in through the form: its cookie and origin."""
-    status, headers, body = send(app, "POST", "/login", urllib.parse.urlencode({"username": name, "password": pw}).encode(),
-                                 {"Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 303, body[:300]
-    return {"Cookie": headers["Set-Cookie"].split(";")[0], "Origin": app.url}
 
 
 def known_as(app, browser: dict) -> bool:

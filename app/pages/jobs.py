@@ -44,7 +44,7 @@ FIELDS = {  # field: (label, placeholder/default, hint)
     "command": ("Command", "python examples/digits_cnn.py --lr 0.05", "live mode: what each node runs"),
     "global_batch": ("Global batch", "256", "live mode: samples per step (runtime jobs)"),
     "launcher": ("Launcher", "runtime", "runtime (imports our elastic runtime) or torchrun (an unmodified script)"),
-    "progress_pattern": ("Progress pattern", r"samples=(\d+)", "torchrun: regex, group 1 = samples so far"),
+    "progress_pattern": ("Progress pattern", r"samples=(\d+)", "torchrun: RE2 pattern, group 1 = samples so far"),
     "stop_grace_seconds": ("Stop grace (s)", "30", "torchrun: SIGTERM to SIGKILL, time to checkpoint"),
 }
 DEFAULTS = {"min_nodes": "1", "max_nodes": "64", "scale_up_seconds": "18", "scale_down_seconds": "12",

@@ -21,6 +21,11 @@ KEEP_REPORTS = 100
 MAX_REPORT_BYTES = 64 * 1024
 
 
+def _not_json(name: str):
+    """NaN and Infinity are not JSON: a report holding them is refused (it would reach the API)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class ReportBook:
     """Progress reports of running jobs, as the HTTP endpoint receives them. Thread-safe.
 
@@ -58,14 +63,15 @@ class ReportBook:
             return True
 
     def accept_http(self, job_id: str, authorization: Optional[str], body: bytes) -> int:
-        """HTTP status for a raw POST: 204 kept, 401 bad token, 400 bad body, 413 too large."""
+        """HTTP status for a raw POST: 204 kept, 401 bad token, 400 bad body (NaN and Infinity
+        included), 413 too large."""
         if body and len(body) > MAX_REPORT_BYTES:
             return 413
         token = ""
         if authorization and authorization.startswith("Bearer "):
             token = authorization[len("Bearer "):].strip()
         try:
-            payload = json.loads(body or b"null")
+            payload = json.loads(body or b"null", parse_constant=_not_json)
         except (ValueError, RecursionError):
             return 400
         if not isinstance(payload, dict):
