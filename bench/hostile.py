@@ -239,7 +239,6 @@ def run(workdir: Path, minutes: float, quiet_minutes: float, registrations: int,
         quiet = rate_over(rec, normal, bob, quiet_minutes * 60)
         log(f"quiet throughput {quiet:.1f} samples/s; hostile phase: {minutes:g} min")
         rss0, _ = memory_mib(app.proc.pid)
-        quiet_health = list(rec.latency["health"])
         rec.latency.clear()
         seconds = minutes * 60
         evil = Hostile(rec, alice, registrations, seconds)
@@ -262,7 +261,7 @@ def run(workdir: Path, minutes: float, quiet_minutes: float, registrations: int,
         stop.set()
         for t in threads:
             t.join(70)
-        return figures(rec, evil, quiet, hostile_rate, rss, quiet_health, minutes, step_seconds)
+        return figures(rec, evil, quiet, hostile_rate, rss, minutes, step_seconds)
     finally:
         stop.set()
         rc = app.stop()
@@ -270,12 +269,11 @@ def run(workdir: Path, minutes: float, quiet_minutes: float, registrations: int,
 
 
 def figures(rec: Recorder, evil: Hostile, quiet: float, hostile: float, rss: list[float],
-            quiet_health: list[float], minutes: float, step_seconds: float) -> dict:
+            minutes: float, step_seconds: float) -> dict:
     ms = lambda xs, q: round(1000 * pct(xs, q), 1) if xs else None
     h, m = rec.latency["health"], rec.latency["metrics"]
     return {"minutes": minutes, "step_seconds": step_seconds,
             "health": {"n": len(h), "p50_ms": ms(h, 0.5), "p99_ms": ms(h, 0.99), "max_ms": ms(h, 1.0)},
-            "quiet_health_p99_ms": ms(quiet_health, 0.99),
             "metrics": {"n": len(m), "p50_ms": ms(m, 0.5), "p99_ms": ms(m, 0.99)},
             "logs": {"n": len(rec.latency["logs"]), "p99_ms": ms(rec.latency["logs"], 0.99)},
             "fives": rec.fives(), "status": {f"{k[0]} {k[1]}xx": n for k, n in sorted(rec.status.items())},
