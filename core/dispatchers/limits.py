@@ -94,7 +94,8 @@ class LimitWatch:
         """Per dispatcher poll: a round starts when one is due and none runs."""
         t = time.monotonic()
         with self._lock:
-            if not self.active() or self._busy or t - self._last < self.limits.every_s:
+            every = max(self.limits.every_s, self.transport.census_every_s)
+            if not self.active() or self._busy or t - self._last < every:
                 return
             jobs = [w for w in watched() if w.handles and w.job_id not in self._told]
             if not jobs:

@@ -125,6 +125,9 @@ class Transport(ABC):
     (e.g. one per node when vacating many nodes at once)."""
 
     name: str = ""
+    #: the least seconds between two process counts of a job (`census`): a remote one is a
+    #: round trip and a login shell on every node, so remote transports ask less often
+    census_every_s: float = 1.0
 
     @abstractmethod
     def start(self, node: NodeSpec, argv: Sequence[str], env: Mapping[str, str], workdir: str,

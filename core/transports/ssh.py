@@ -230,6 +230,7 @@ def _check_target(node: NodeSpec) -> None:
 
 class SshTransport(Transport):
     name = "ssh"
+    census_every_s = 5.0
 
     def __init__(self, config: Optional[str] = None, options: Sequence[str] = (),
                  connect_timeout: float = 5.0, ssh: str = "ssh", control_persist: int = 60,
