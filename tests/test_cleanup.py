@@ -8,7 +8,6 @@ cgroups) one that clears its environment. Jobs end to end: tests/test_job_cleanu
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from core.transports.cleanup import (CGROUP1, CGROUP2, ENV_MARK, ENVIRON, PARENT
                                      check_mark, host_prefix, instance, new_mark)
 from core.transports.ssh import _LIB
 from tests.support.files import ROOT
-from tests.support.procs import processes_with_cmdline
+from tests.support.procs import processes_with_cmdline, tag  # noqa: F401  (tag: the fixture)
 from tests.support.waiting import wait
 
 NODE = NodeSpec("n0")
@@ -58,16 +57,6 @@ def sleepers(tag: str) -> set[str]:
 def cgroup_dirs(mark: str) -> list[Path]:
     return [p for m in cgroup_mounts().values() if (p := Path(m, PARENT, mark)).exists()]
 
-
-@pytest.fixture
-def tag() -> Iterator[str]:
-    t = f"{os.getpid()}{random.randint(100000, 999999)}"
-    yield t
-    for pid in processes_with_cmdline(t):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
 
 
 def start(t, tag: str, end: str = "exec sleep 600", wipe: bool = True, sleeping: int = 0) -> Handle:

@@ -6,11 +6,8 @@ deleted; a job under the caps is not touched; the workers' folders are the harve
 workers, jobs of `sh` scripts, both as torchrun jobs and as runtime jobs."""
 from __future__ import annotations
 
-import os
-import random
 import stat
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,7 +19,7 @@ from core.settings import HarvesterSettings
 from core.transports.base import NodeSpec
 from core.transports.local import LocalTransport
 from core.transports.ssh import SshTransport
-from tests.support.procs import processes_with_cmdline
+from tests.support.procs import processes_with_cmdline, tag  # noqa: F401  (tag: the fixture)
 from tests.support.waiting import wait
 
 #: forks `{n}` sleepers (each names the test's tag), then waits on them
@@ -34,17 +31,6 @@ FILLS = ('mkdir -p "$HARVEST_CHECKPOINT_DIR" && head -c $(({mib} * 1048576)) /de
 SMALL = ('mkdir -p "$HARVEST_CHECKPOINT_DIR" && head -c 16384 /dev/zero > "$HARVEST_CHECKPOINT_DIR/ok"; '
          'sleep 1.{tag} & sleep 1.{tag} & sleep 1.{tag} & wait; echo samples=640')
 
-
-@pytest.fixture
-def tag() -> Iterator[str]:
-    """A number no other process has in its command line; whatever holds it is killed at the end."""
-    t = f"{os.getpid()}{random.randint(100000, 999999)}"
-    yield t
-    for pid in processes_with_cmdline(t):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
 
 
 def harvester(db: Path, **workers):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from tests.support.files import ROOT
 
@@ -73,3 +77,15 @@ def processes_with_cmdline(tag: str) -> dict[int, str]:
         if tag in cmd and state != "Z":
             out[int(entry.name)] = cmd.strip()
     return out
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    """A number no other process has in its command line; whatever holds it is killed at the end."""
+    t = f"{os.getpid()}{random.randint(100000, 999999)}"
+    yield t
+    for pid in processes_with_cmdline(t):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
