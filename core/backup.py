@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import StoreError
+from .store import read_only
 from .storelock import StoreLock
 
 #: files kept beside a store that belong to its run (suffixes of its path)
@@ -46,7 +47,7 @@ def _open_existing(path: Path) -> sqlite3.Connection:
 
 def check(path: Path) -> None:
     """PRAGMA integrity_check on a copy; StoreError unless it answers ok."""
-    with closing(sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)) as conn:
+    with closing(read_only(path)) as conn:
         rows = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
     if rows != ["ok"]:
         raise StoreError(str(path), f"the copy fails SQLite's integrity check: {'; '.join(rows[:3])}")

@@ -62,6 +62,11 @@ HISTORY = ("events", "allocations", "throughput", "solver_runs", "samples")
 BUSY_TIMEOUT_S = 5.0
 
 
+def read_only(path: Path, **options: Any) -> sqlite3.Connection:
+    """A connection that cannot write the store: for readers beside its one writer."""
+    return sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, **options)
+
+
 class StoreWriteError(RuntimeError):
     """A write to the store failed; nothing of it was stored (the transaction rolled back)."""
 
@@ -238,7 +243,7 @@ def refuse_foreign(path: str | Path, fresh: bool) -> None:
                                      "or give --fresh to start a new run in it")
         return
     try:
-        with closing(sqlite3.connect(f"file:{p}?mode=ro", uri=True)) as conn:
+        with closing(read_only(p)) as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error:
         return              # damage: the store's own check says what it is
@@ -419,8 +424,7 @@ class UsageHistory:
         with self.lock:
             try:
                 if self._conn is None:
-                    self._conn = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro", uri=True,
-                                                 check_same_thread=False, isolation_level=None)
+                    self._conn = read_only(self.path, check_same_thread=False, isolation_level=None)
                 conn = self._conn
                 conn.execute("BEGIN")
                 try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from .store import read_only
 from .usage import Totals
 
 #: job ids per `select ... where id in (...)`
@@ -139,8 +140,7 @@ class UsageFeed:
     def _catch_up(self) -> None:
         try:
             if self._conn is None:
-                self._conn = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro", uri=True,
-                                             check_same_thread=False, isolation_level=None)
+                self._conn = read_only(self.path, check_same_thread=False, isolation_level=None)
             conn = self._conn
             conn.execute("BEGIN")
             try:
