@@ -307,6 +307,16 @@ def test_unreachable_ssh_node_raises_transport_error_quickly(sshd_server: SshdSe
             t.start(NodeSpec("evil", "-oProxyCommand=touch /tmp/hv-pwned"), ["true"], {}, "", "/tmp/x.log")
 
 
+def test_test_hosts_sessions_never_run_the_accounts_shell_start_up_files(sshd_server: SshdServer):
+    """The test sshd's sessions have a HOME of their own, so the account's ~/.bashrc (pyenv, conda,
+    a stale lock of theirs) cannot slow or break every ssh test of a run."""
+    import subprocess
+    r = subprocess.run(["ssh", "-F", str(sshd_server.client_config), "-T", "node0", 'echo "$HOME"'],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(sshd_server.dir / "home")
+
+
 def _ssh_clients(control_dir: str) -> list[int]:
     return live_with(control_dir)
 

@@ -82,8 +82,14 @@ def current_user() -> str:
 
 
 def write_sshd_config(workdir: Path, keys: SshKeys, address: str, port: int) -> Path:
-    """sshd_config for a server listening on `address`:`port` only, keys and pid file in `workdir`."""
+    """sshd_config for a server listening on `address`:`port` only, keys and pid file in `workdir`.
+
+    Sessions get a HOME of their own (`workdir`/home), as a compute node's clean account would:
+    the developer's shell start-up files never run in them (a pyenv rehash lock left by a killed
+    shell made every session wait 60 s and failed the ssh tests of a whole run)."""
     cfg = workdir / "sshd_config"
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
     cfg.write_text("\n".join([
         f"ListenAddress {address}",
         f"Port {port}",
@@ -101,6 +107,7 @@ def write_sshd_config(workdir: Path, keys: SshKeys, address: str, port: int) -> 
         "AllowTcpForwarding no",
         "MaxStartups 64",
         "LogLevel VERBOSE",
+        f"SetEnv HOME={home}",
         "",
     ]))
     return cfg
