@@ -114,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     live = ap.add_argument_group("live mode (instead of a replay)")
     live.add_argument("--dispatch", choices=("simulated", "local", "ssh", "pilot"),
                       help="run jobs live: simulated progress, local processes, over ssh, or inside "
-                           "Slurm pilot jobs (--source slurm)")
-    live.add_argument("--source", choices=("static", "slurm"), default="static",
+                           "Slurm or PBS pilot jobs (--source slurm / pbs)")
+    live.add_argument("--source", choices=("static", "slurm", "pbs"), default="static",
                       help="live: where idle nodes come from: a static list (--local-nodes / --nodes), "
-                           "or a Slurm cluster's idle nodes, held with preemptible pilot jobs")
+                           "or a Slurm or PBS cluster's idle nodes, held with preemptible pilot jobs")
     live.add_argument("--local-nodes", type=int, help="live: this many local 'nodes' (with --dispatch local/simulated)")
     live.add_argument("--local-slots", type=int, default=1, metavar="N",
                       help="live: ranks per local node, one worker process each (GPUs per node; default 1)")
@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--secure-cookies", action="store_true",
                      help="send the login cookie over HTTPS only (a site behind TLS)")
     slurm_options.add_options(ap)
+    slurm_options.add_pbs_options(ap)
     fields = Options.model_fields
     for action in ap._actions:
         if action.dest in fields:
@@ -261,7 +262,7 @@ def live_settings(args) -> dict:
                         "start_timeout_s": args.start_timeout,
                         "rendezvous_timeout_s": args.rendezvous_timeout, "max_pids": args.job_max_pids,
                         "max_checkpoint_gib": args.job_max_checkpoint_gib}}
-    if args.source == "slurm":
+    if args.source in ("slurm", "pbs"):
         live["slurm"] = slurm_options.settings_from(args)
     return live
 
@@ -282,7 +283,7 @@ def settings_from(args) -> HarvesterSettings:
     """The command line as settings (checked there, once); raises SettingsError or ValueError."""
     data: dict = {"db": args.db, "fresh": args.fresh, "tick_s": args.tick, "user_max_jobs": args.user_max_jobs,
                   "user_jobs_per_minute": args.user_jobs_per_minute, "user_jobs_per_day": args.user_jobs_per_day}
-    if bool(args.dispatch) or args.source == "slurm":
+    if bool(args.dispatch) or args.source in ("slurm", "pbs"):
         data["live"] = live_settings(args)
     else:
         data["replay"], data["speed"] = replay_settings(args)

@@ -145,7 +145,7 @@ def fair_share_gauges(factors):
 
 
 def pilot_counters():
-    """A Slurm source's pilots (core/slurm/stats.py): what it sent slurmctld, what main jobs took
+    """A Slurm source's pilots (core/pilots/stats.py): what it sent slurmctld, what main jobs took
     back, how fast it got off their nodes. Nothing for other sources."""
     stats = getattr(getattr(context.harvester, "source", None), "stats", None)
     if stats is None:

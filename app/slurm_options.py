@@ -1,18 +1,20 @@
-"""`python -m app --source slurm ...`: the command-line options of the Slurm node source, read
-into `SlurmSettings` fields (`core.assemble` builds the source and the pilots' workers)."""
+"""`python -m app --source slurm|pbs ...`: the command-line options of the pilot node sources,
+read into `PilotSettings` fields (`core.assemble` builds the source and the pilots' workers).
+The `--slurm-*` pilot options apply to PBS as well; where PBS has its own word (queue, its
+commands' folder, its pbs.conf, account) a `--pbs-*` option sets it."""
 from __future__ import annotations
 
 import argparse
 
-from core.settings import SettingsError, SlurmSettings, split_list
+from core.settings import SettingsError, PilotSettings, split_list
 
-#: SlurmSettings field -> the option that sets it (errors name the option)
-OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "--slurm-account",
+#: PilotSettings field -> the option that sets it (errors name the option)
+OPTIONS = {"partition": "--slurm-partition / --pbs-queue", "qos": "--slurm-qos", "account": "--slurm-account / --pbs-account",
            "max_pilots": "--slurm-max-pilots", "time_limit_min": "--slurm-time-limit",
            "watch": "--slurm-watch", "poll_s": "--slurm-poll", "submit_batch": "--slurm-batch",
            "dry_run": "--slurm-dry-run", "hub_host": "--slurm-hub", "hub_port": "--slurm-hub",
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
-           "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf", "bin_dir": "--slurm-bin",
+           "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf / --pbs-conf", "bin_dir": "--slurm-bin / --pbs-bin",
            "worker_grace_s": "--slurm-worker-grace", "pending_timeout_s": "--slurm-pending-timeout",
            "hub_max_connections": "--slurm-hub-max-connections", "slots": "--slurm-slots",
            "release_grace_s": "--slurm-release-grace", "orphan_timeout_s": "--slurm-orphan-timeout",
@@ -21,7 +23,7 @@ OPTIONS = {"partition": "--slurm-partition", "qos": "--slurm-qos", "account": "-
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
-    d = SlurmSettings()
+    d = PilotSettings()
     g = ap.add_argument_group("Slurm (with --source slurm: idle nodes held by preemptible pilot jobs)")
     g.add_argument("--slurm-partition", metavar="NAME", default=d.partition,
                    help=f"partition of the pilots, one Slurm preempts (default {d.partition})")
@@ -75,15 +77,28 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help=f"pilots submitted per minute at most, all nodes together (default {d.submit_per_minute})")
 
 
+def add_pbs_options(ap: argparse.ArgumentParser) -> None:
+    d = PilotSettings()
+    g = ap.add_argument_group("PBS (with --source pbs: idle vnodes held by preemptible pilot jobs; the "
+                              "--slurm-* pilot options above apply too)")
+    g.add_argument("--pbs-queue", metavar="NAME", default=d.partition,
+                   help=f"queue of the pilots, one the scheduler preempts (default {d.partition})")
+    g.add_argument("--pbs-account", metavar="NAME", default="", help="account of the pilots (qsub -A)")
+    g.add_argument("--pbs-conf", metavar="PATH", default="",
+                   help="pbs.conf for the PBS commands (default: PBS_CONF_FILE / /etc/pbs.conf)")
+    g.add_argument("--pbs-bin", metavar="DIR", default="",
+                   help="folder holding qsub, qdel, qstat and pbsnodes (default: PATH)")
+
+
 def settings_from(args) -> dict:
-    """The Slurm options as `SlurmSettings` fields (checked when the settings are built)."""
+    """The Slurm options as `PilotSettings` fields (checked when the settings are built)."""
     host, port = args.slurm_hub, 0
     if ":" in host and not host.endswith("]"):
         host, _, p = host.rpartition(":")
         if not p.isdigit():
             raise SettingsError("live.slurm.hub_port", f"the port must be a number, not {p!r}")
         port = int(p)
-    return dict(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
+    out = dict(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
                 max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,
                 watch=split_list(args.slurm_watch), poll_s=args.slurm_poll, submit_batch=args.slurm_batch,
                 dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
@@ -93,3 +108,6 @@ def settings_from(args) -> dict:
                 hub_max_connections=args.slurm_hub_max_connections, slots=args.slurm_slots,
                 orphan_timeout_s=args.slurm_orphan_timeout, backoff_s=args.slurm_backoff,
                 backoff_cap_s=args.slurm_backoff_cap, submit_per_minute=args.slurm_submit_rate)
+    if getattr(args, "source", "") == "pbs":
+        out.update(partition=args.pbs_queue, account=args.pbs_account, conf=args.pbs_conf, bin_dir=args.pbs_bin)
+    return out

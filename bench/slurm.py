@@ -46,7 +46,7 @@ from core.replay import percentile
 from core.schemas import JobSpec
 from core.service import Harvester
 from core.settings import HarvesterSettings
-from core.slurm.settings import SlurmSettings
+from core.pilots.settings import PilotSettings
 from core.snapshot import HELD
 from tests.support.slurm import HOST_VERSION, VERSIONS, alive, processes_with_env, start_cluster
 
@@ -71,7 +71,7 @@ def _held(h: Harvester, job_id: str) -> set[str]:
 
 
 def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: str,
-            grace_s: float = SlurmSettings.worker_grace_s, slots: int = 1, log=print,
+            grace_s: float = PilotSettings.worker_grace_s, slots: int = 1, log=print,
             version: str = HOST_VERSION) -> dict:
     cluster = start_cluster(workdir / "slurm", nodes, gpus=slots, version=version)     # slots from the GRES
     h = None
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=1,
                     help="GPUs per node (Gres=gpu:N), so ranks per node (default 1)")
     ap.add_argument("--dispatch", choices=("pilot", "simulated"), default="pilot")
-    ap.add_argument("--grace", type=float, default=SlurmSettings.worker_grace_s,
+    ap.add_argument("--grace", type=float, default=PilotSettings.worker_grace_s,
                     help="seconds a preempted pilot gives its worker between SIGTERM and SIGKILL")
     ap.add_argument("--slurm", choices=VERSIONS, default=HOST_VERSION,
                     help=f"the Slurm version (default {HOST_VERSION}, the host's; others run in a chroot)")

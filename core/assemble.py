@@ -21,9 +21,10 @@ from .inventory import load_inventory, local_nodes
 from .nodecheck import NodeCheck, check_nodes
 from .registrations import Registrations
 from .service import Harvester, LiveHarvester, ReplayHarvester
-from .settings import HarvesterSettings, LiveSettings, SlurmSettings
-from .slurm.hub import PilotHub
-from .slurm.identity import beside as identity_beside
+from .settings import HarvesterSettings, LiveSettings, PilotSettings
+from .pilots.base import Scheduler
+from .pilots.hub import PilotHub
+from .pilots.identity import beside as identity_beside
 from .sources.base import LiveNodeSource
 from .sources.static import StaticSource
 from .storelock import StoreLock
@@ -47,7 +48,7 @@ def _build(settings: HarvesterSettings) -> Harvester:
                                tick_s=settings.tick, fresh=settings.fresh)
     live = settings.live
     lock = StoreLock(settings.db)
-    if live.source == "slurm":
+    if live.uses_pilots:
         lock.acquire()      # before the source, which adopts or cancels the pilots it finds as its own
         if settings.fresh:  # nothing of the earlier run is kept: its pilots are cancelled, not adopted
             identity_beside(settings.db).unlink(missing_ok=True)
@@ -109,20 +110,21 @@ def check_inventory(inventory: Path, ssh_config: Optional[Path] = None, workdir:
 
 
 def node_source(live: LiveSettings, db: Optional[Path] = None) -> tuple[LiveNodeSource, list[NodeSpec], Optional[PilotHub]]:
-    """Where idle nodes come from, the nodes workers may run on, and (Slurm) the hub its pilots
-    dial; a Slurm dry run has none. With a store (`db`), the hub's identity is kept beside it
+    """Where idle nodes come from, the nodes workers may run on, and (Slurm, PBS) the hub its
+    pilots dial; a dry run has none. With a store (`db`), the hub's identity is kept beside it
     (`<db>.hub`): a restarted harvester is the hub its pilots redial."""
-    if live.source == "slurm":
-        from .slurm.cli import SlurmUnavailable
-        from .slurm.identity import IdentityError
-        from .slurm.source import SlurmSource
+    if live.uses_pilots:
+        from .pilots.base import SchedulerUnavailable
+        from .pilots.identity import IdentityError
+        from .pilots.source import PilotSource
+        title = "PBS" if live.source == "pbs" else "Slurm"
         try:
-            slurm = hub_settings(live)
-            if db is not None and not slurm.state_file:
-                slurm = replace(slurm, state_file=str(identity_beside(db)))
-            source = SlurmSource(slurm)
-        except SlurmUnavailable as e:
-            raise SettingsError("", f"cannot read Slurm: {e}") from None
+            pilots = hub_settings(live)
+            if db is not None and not pilots.state_file:
+                pilots = replace(pilots, state_file=str(identity_beside(db)))
+            source = PilotSource(pilots, scheduler_for(live.source, pilots))
+        except SchedulerUnavailable as e:
+            raise SettingsError("", f"cannot read {title}: {e}") from None
         except IdentityError as e:
             raise SettingsError("", str(e)) from None
         except SettingsError as e:
@@ -133,7 +135,7 @@ def node_source(live: LiveSettings, db: Optional[Path] = None) -> tuple[LiveNode
     return StaticSource([n.name for n in specs]), specs, None
 
 
-def hub_settings(live: LiveSettings) -> SlurmSettings:
+def hub_settings(live: LiveSettings) -> PilotSettings:
     """The Slurm settings with the one address story applied: pilots dial `advertise`, and the
     hub listens on `bind` (or the advertised address) unless the Slurm options said otherwise."""
     s = live.slurm
@@ -145,7 +147,7 @@ def hub_settings(live: LiveSettings) -> SlurmSettings:
 def dispatcher_for(live: LiveSettings, nodes: Sequence[NodeSpec], db: Path,
                    hub: Optional[PilotHub] = None) -> Dispatcher:
     """What runs the jobs. Worker logs and checkpoints go beside the store (`DB.workers/`)."""
-    if live.dispatcher == "simulated" or (live.source == "slurm" and hub is None):
+    if live.dispatcher == "simulated" or (live.uses_pilots and hub is None):
         return SimulatedDispatcher()          # a Slurm dry run never offers a node
     w = live.workers
     return WorkerDispatcher(transport_for(live.dispatcher, live.ssh_config, hub), nodes, Path(str(db) + ".workers"), report_base=live.report_url,
@@ -183,6 +185,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def scheduler_for(kind: str, pilots: PilotSettings) -> Scheduler:
+    """The batch scheduler's provider for `--source` slurm or pbs."""
+    if kind == "pbs":
+        from .pbs.provider import PbsScheduler
+        return PbsScheduler(pilots)
+    from .slurm.provider import SlurmScheduler
+    return SlurmScheduler(pilots)
+
+
 def transport_for(kind: str, ssh_config: Optional[Path] = None, hub=None) -> Transport:
     """How a worker process is started on a node: local processes, OpenSSH, or inside the Slurm
     pilot job that holds the node (`hub`: the Slurm source's PilotHub)."""
@@ -193,7 +204,7 @@ def transport_for(kind: str, ssh_config: Optional[Path] = None, hub=None) -> Tra
         from .transports.ssh import SshTransport
         return SshTransport(config=str(ssh_config) if ssh_config else None)
     if kind == "pilot" and hub is not None:
-        from .slurm.transport import PilotTransport
+        from .pilots.transport import PilotTransport
         return PilotTransport(hub)
-    raise SettingsError("dispatch", f"{kind} needs {{source}} slurm" if kind == "pilot" else
+    raise SettingsError("dispatch", f"{kind} needs {{source}} slurm or pbs" if kind == "pilot" else
                         f"unknown dispatcher {kind!r}; choose local, ssh or pilot")

@@ -5,7 +5,7 @@ whose servers could not all listen.
 The servers: the web tier (the dashboard, the API and the workers' progress reports) on
 --host:--port and, in live mode with --advertise, also at the same port on the address the nodes
 reach (--bind, default --advertise); each job's store and the start's node checks on that address
-(a free port each); with Slurm, the pilot hub (--slurm-hub HOST[:PORT]).
+(a free port each); with Slurm or PBS, the pilot hub (--slurm-hub HOST[:PORT]).
 
 A wildcard host (0.0.0.0 for IPv4; :: for IPv6, where waitress sets IPV6_V6ONLY) already listens
 on every address of its family, so a specific address of that family is not bound beside it at
@@ -142,7 +142,7 @@ def plan(host: str, port: int, live: Optional["LiveSettings"]) -> list[Listener]
             raise SettingsError("port", "0 (any free port) cannot be told to the nodes, whose workers report "
                                         "their progress to it: give a port number")
         out.append(resolve(live.bind_host, 0, bind_field(live), "stores")[0])
-    if live.source == "slurm" and not live.slurm.dry_run:
+    if live.uses_pilots and not live.slurm.dry_run:
         field = bind_field(live) if live.hub_on_bind else "live.slurm.hub_host"
         out.append(resolve(live.hub_host, live.slurm.hub_port, field, "hub")[0])
     return out

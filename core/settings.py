@@ -26,14 +26,14 @@ from .policies import POLICIES
 from .registrations import DEFAULT_PER_DAY, DEFAULT_PER_MINUTE, RegistrationLimits
 from .replay import CURVES, DATA, DEFAULT_JOBS, DEFAULT_TRACE, ReplaySettings
 from .slots import MAX_SLOTS
-from .slurm.settings import SlurmSettings, split_list
+from .pilots.settings import PilotSettings, split_list
 from .transports.base import ENV_NAME
 from .transports.runas import UNIX_NAME, RunAs
 
 #: the choices and defaults front ends offer, from where they are defined
 __all__ = ["AUTO", "CURVES", "DATA", "DEFAULT_JOBS", "DEFAULT_TRACE", "MAX_SLOTS", "OBJECTIVES", "POLICIES", "QUEUE_ORDERS",
            "SPEED_MAX", "SPEED_MIN", "ControllerConfig", "HarvesterSettings", "LiveSettings", "ReplaySettings",
-           "SettingsError", "SlurmSettings", "UNIX_NAME", "WorkerSettings", "check_speed", "parse_tfwd", "split_list",
+           "SettingsError", "PilotSettings", "UNIX_NAME", "WorkerSettings", "check_speed", "parse_tfwd", "split_list",
            "Options", "OptionError", "Origin", "WebSettings", "Listener", "check_listeners", "web_listen"]
 
 SPEED_MIN, SPEED_MAX = 1.0, 3600.0
@@ -117,7 +117,7 @@ class WorkerSettings(_Settings):
 
 class LiveSettings(_Settings):
     """Live mode: where idle nodes come from and what runs the jobs, in wall time."""
-    source: Literal["static", "slurm"] = "static"
+    source: Literal["static", "slurm", "pbs"] = "static"
     dispatch: Optional[Dispatch] = None          # None: pilot with the Slurm source
     local_nodes: Optional[int] = None            # static source: this many local 'nodes'
     local_slots: int = 1                         # ranks (GPUs) per local node
@@ -134,7 +134,7 @@ class LiveSettings(_Settings):
     profile_sizes: int = 3                       # sizes a new job is measured at whatever it costs
     config: ControllerConfig = ControllerConfig()
     workers: WorkerSettings = WorkerSettings()
-    slurm: SlurmSettings = SlurmSettings()
+    slurm: PilotSettings = PilotSettings()
 
     @field_validator("local_nodes")
     @classmethod
@@ -187,18 +187,18 @@ class LiveSettings(_Settings):
 
     @model_validator(mode="after")
     def _consistent(self) -> "LiveSettings":
-        if self.source == "slurm":
+        if self.uses_pilots:
             if self.dispatch not in (None, "pilot", "simulated"):
-                raise SettingsError("dispatch", "with {source} slurm each job's workers run inside the pilot "
+                raise SettingsError("dispatch", f"with {{source}} {self.source} each job's workers run inside the pilot "
                                                 f"jobs: use {{dispatch}} pilot (or simulated), not {self.dispatch}")
             if self.local_nodes is not None or self.inventory is not None:
-                raise SettingsError("source", "slurm takes its nodes from Slurm: leave out {local_nodes} "
-                                              "and {inventory}")
+                raise SettingsError("source", f"{self.source} takes its nodes from the scheduler: leave out "
+                                              "{local_nodes} and {inventory}")
             return self
         if self.dispatch is None:
             raise SettingsError("dispatch", "choose what runs the jobs: simulated, local or ssh")
         if self.dispatch == "pilot":
-            raise SettingsError("dispatch", "pilot runs workers inside Slurm pilot jobs: it needs {source} slurm")
+            raise SettingsError("dispatch", "pilot runs workers inside pilot jobs: it needs {source} slurm or pbs")
         if self.local_nodes is not None and self.inventory is not None:
             raise SettingsError("local_nodes", "give either {local_nodes} or {inventory}, not both")
         if self.local_slots != 1 and self.local_nodes is None:
@@ -208,6 +208,11 @@ class LiveSettings(_Settings):
         if self.dispatch == "ssh" and self.inventory is None:
             raise SettingsError("inventory", "{dispatch} ssh needs a node file (hostname, ssh target, slots)")
         return self
+
+    @property
+    def uses_pilots(self) -> bool:
+        """Nodes come from a batch scheduler (Slurm, PBS), held by pilot jobs."""
+        return self.source in ("slurm", "pbs")
 
     @property
     def dial_host(self) -> str:
@@ -223,7 +228,7 @@ class LiveSettings(_Settings):
     def hub_on_bind(self) -> bool:
         """The Slurm pilot hub listens where the servers for the nodes do: --slurm-hub left at its
         default while --advertise or --bind is given (the one address story)."""
-        return self.slurm.hub_host == SlurmSettings.hub_host and bool(self.advertise or self.bind)
+        return self.slurm.hub_host == PilotSettings.hub_host and bool(self.advertise or self.bind)
 
     @property
     def hub_host(self) -> str:
@@ -237,7 +242,7 @@ class LiveSettings(_Settings):
     @property
     def real_workers(self) -> bool:
         """Jobs run real commands (not simulated progress, not a Slurm dry run)."""
-        return self.dispatcher != "simulated" and not (self.source == "slurm" and self.slurm.dry_run)
+        return self.dispatcher != "simulated" and not (self.uses_pilots and self.slurm.dry_run)
 
     @property
     def launcher(self) -> Optional[RunAs]:
@@ -385,11 +390,11 @@ ENV_PREFIX = "HARVEST_"
 USERS_FILE_ENV = "HARVEST_USERS_FILE"
 #: tables a configuration file may group its keys in (cosmetic: `[web] threads` is `threads`;
 #: in `[slurm]`, `partition` is `slurm_partition`)
-GROUPS = ("server", "web", "replay", "live", "workers", "slurm", "logging")
+GROUPS = ("server", "web", "replay", "live", "workers", "slurm", "pbs", "logging")
 #: options a configuration file cannot hold (they are about the command itself)
 NOT_IN_FILE = ("config",)
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_D_SLURM = SlurmSettings()
+_D_SLURM = PilotSettings()
 _D_WEB = WebSettings()
 
 
@@ -544,7 +549,7 @@ class Options(BaseSettings):
     gpus_per_node: Optional[int] = None
     # live
     dispatch: Optional[Dispatch] = None
-    source: Literal["static", "slurm"] = "static"
+    source: Literal["static", "slurm", "pbs"] = "static"
     local_nodes: Optional[int] = None
     local_slots: int = 1
     ssh_config: Optional[Path] = None
@@ -599,6 +604,10 @@ class Options(BaseSettings):
     slurm_backoff: float = _D_SLURM.backoff_s
     slurm_backoff_cap: float = _D_SLURM.backoff_cap_s
     slurm_submit_rate: int = _D_SLURM.submit_per_minute
+    pbs_queue: str = _D_SLURM.partition
+    pbs_account: str = ""
+    pbs_conf: str = ""
+    pbs_bin: str = ""
 
     _origins: dict[str, Origin] = PrivateAttr(default_factory=dict)
 

@@ -27,7 +27,7 @@ def test_the_tree_keeps_the_contract():
 
 @pytest.mark.parametrize("file,line,broken", [
     ("core/model.py", "import app.format  # noqa", "core never imports app BROKEN"),
-    ("core/transports/local.py", "from ..slurm import wire  # noqa", "no cycle between the modules and packages of core BROKEN"),
+    ("core/transports/local.py", "from ..pilots import wire  # noqa", "no cycle between the modules and packages of core BROKEN"),
     ("app/format.py", "from core.controller import Controller  # noqa", "explain) BROKEN"),
 ])
 def test_an_import_that_breaks_the_contract_fails_it(tmp_path, file, line, broken):

@@ -59,7 +59,7 @@ def test_the_same_rules_hold_however_the_settings_are_built():
     ({"source": "slurm", "dispatch": "ssh"}, "live.dispatch", "use {live.dispatch} pilot"),
     ({"source": "slurm", "local_nodes": 3}, "live.source", "leave out"),
     ({"source": "slurm", "slurm": {"max_pilots": 0}}, "live.slurm.max_pilots", "whole number"),
-    ({"source": "pbs"}, "live.source", ""),
+    ({"source": "lsf"}, "live.source", ""),
     ({"dispatch": "local", "local_nodes": 2, "advertise": "10.0.0.1 rm"}, "live.advertise", "host name"),
     ({"dispatch": "local", "local_nodes": 2, "bind": "a/b"}, "live.bind", "host name"),
     ({"dispatch": "local", "local_nodes": 2, "worker_env": ["LD_LIBRARY_PATH", "1X"]}, "live.worker_env", "not an environment"),

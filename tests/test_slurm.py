@@ -21,11 +21,11 @@ from core.schemas import JobSpec
 from core.service import Harvester
 from core.settings import HarvesterSettings
 from core.snapshot import HELD
-from core.slurm.hub import PilotHub
-from core.slurm.wire import HELLO, dial
-from core.slurm.source import resolve_watch
+from core.pilots.hub import PilotHub
+from core.pilots.wire import HELLO, dial
+from core.slurm.watch import resolve_watch
 from core.slurm.cli import SlurmCli
-from core.slurm.settings import SettingError, SlurmSettings, split_list
+from core.pilots.settings import SettingError, PilotSettings, split_list
 from tests.support.procs import run_module
 from tests.support.server import ROOT, start_app
 from tests.support.slurm import MAIN_JOB_S, parent, processes_with_env, slurm_cluster, steps_into_generation, submit_digits  # noqa: F401  (the fixture)
@@ -268,7 +268,7 @@ def test_watch_takes_partitions_nodes_and_hostlists(cluster):
     cli = SlurmCli(str(cluster.conf), bin_dir=cluster.bin)
     nodes = cli.nodes()
     assert [n.name for n in nodes] == NODES and all(n.free for n in nodes)
-    watch = lambda *w: resolve_watch(SlurmSettings(watch=w), nodes, cli)
+    watch = lambda *w: resolve_watch(PilotSettings(watch=w), nodes, cli)
     assert watch() == NODES
     assert watch("main") == NODES
     assert watch("node[2-3,7]", "node1") == ["node1", "node2", "node3", "node7"]
@@ -277,7 +277,7 @@ def test_watch_takes_partitions_nodes_and_hostlists(cluster):
     with pytest.raises(SettingError, match="does not have: node9"):
         watch("node[8-9]")
     with pytest.raises(SettingError, match="no partition 'debug'"):
-        resolve_watch(SlurmSettings(partition="debug"), nodes, cli)
+        resolve_watch(PilotSettings(partition="debug"), nodes, cli)
 
 
 def test_settings_are_checked_with_the_option_named():
@@ -287,7 +287,7 @@ def test_settings_are_checked_with_the_option_named():
                        (dict(watch=("node[1-2]; rm",)), "watch"), (dict(python="python3"), "python"),
                        (dict(worker_grace_s=-1), "worker_grace_s"), (dict(release_grace_s=-1), "release_grace_s")):
         with pytest.raises(SettingError) as e:
-            SlurmSettings(**bad)
+            PilotSettings(**bad)
         assert e.value.field == field
     r = run_module("app", "--source", "slurm", "--slurm-time-limit", "0")
     assert r.returncode == 2 and "error: --slurm-time-limit: must be a whole number" in r.stderr, r.stderr

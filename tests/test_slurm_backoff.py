@@ -1,4 +1,4 @@
-"""Pilots that fail count against their node (core/slurm/backoff.py): the policy on a clock of
+"""Pilots that fail count against their node (core/pilots/backoff.py): the policy on a clock of
 its own, then the whole way on a real Slurm (both versions of tests/support/slurm.py) with a
 pilot Python that exits 1 at start, as a broken interpreter or module path on the nodes would."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
-from core.slurm.backoff import PilotBackoff
-from core.slurm.book import PilotBook
-from core.slurm.hub import PilotLink
+from core.pilots.backoff import PilotBackoff
+from core.pilots.book import PilotBook
+from core.pilots.hub import PilotLink
 from core.slurm.records import SlurmJob, SlurmNode
-from core.slurm.settings import SettingError, SlurmSettings
+from core.pilots.settings import SettingError, PilotSettings
 from tests.support.server import ROOT, start_app
 from tests.support.slurm import slurm_cluster, submit_digits  # noqa: F401  (the fixture)
 from tests.support.waiting import wait
@@ -66,7 +66,7 @@ def test_backoff_settings_are_checked_with_the_option_named():
     for bad, name in ((dict(backoff_s=-1), "backoff_s"), (dict(backoff_s=60, backoff_cap_s=30), "backoff_cap_s"),
                       (dict(submit_per_minute=0), "submit_per_minute")):
         with pytest.raises(SettingError) as e:
-            SlurmSettings(**bad)
+            PilotSettings(**bad)
         assert e.value.field == name
 
 
@@ -119,7 +119,7 @@ def link(job: str, node: str, leaving: bool = False) -> PilotLink:
 
 def book_with(tmp_path, jobs: dict[str, str]) -> PilotBook:
     """A book watching node1..node3 with these pilots (job -> node) submitted."""
-    b = PilotBook(SlurmSettings(log_dir=str(tmp_path)), ["node1", "node2", "node3"])
+    b = PilotBook(PilotSettings(log_dir=str(tmp_path)), ["node1", "node2", "node3"])
     b.want(3, ())
     for job, node in jobs.items():
         b.submitted(job, node)

@@ -8,8 +8,8 @@ Before the fix, on 256 slurmd, such a job stayed on 16 nodes for minutes: the pi
 by one, each join grew the job, and each grow ended a "stand" of a few ms, so the horizon learned
 0.5 s and no grow paid after that (core/horizon.py: a grow folded into the regroup under way
 ends no stand). Joins that arrive while more pilots are starting now reach the controller
-together (core/slurm/source.py, JoinHold), and healthy pilots are not held to the failure rate
-cap (core/slurm/book.py: 120 a minute kept the last 8 of 128 pilots a minute late).
+together (core/pilots/source.py, JoinHold), and healthy pilots are not held to the failure rate
+cap (core/pilots/book.py: 120 a minute kept the last 8 of 128 pilots a minute late).
 
 The host's Slurm (22.05) alone: what is tested is the harvester's pace, not a Slurm version's."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from core.horizon import FALLBACK_S
 from core.model import Event, EventKind
-from core.slurm.source import JoinHold
+from core.pilots.source import JoinHold
 from tests.support.server import start_app
 from tests.support.slurm import HOST_VERSION, SlurmCluster, start_cluster
 from tests.support.waiting import wait

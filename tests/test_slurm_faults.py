@@ -21,7 +21,7 @@ nodes; then one node fails, the hard way:
 
 Either way the job never fails, no healthy node is declared lost, and the job finishes with its
 exact total samples once the pace is released. `--slurm-backoff 2`: a pilot that dies within
-30 s of its hello counts against its node (core/slurm/backoff.py), and the default 20 s wait
+30 s of its hello counts against its node (core/pilots/backoff.py), and the default 20 s wait
 would only stretch the test. The host's Slurm only (22.05): what is tested is the harvester's
 reading of Slurm's node states, which tests/test_slurm_parse.py checks on every version.
 The last test is the book's part without Slurm: the cause of each end, and a pilot that is over
@@ -43,10 +43,10 @@ from typing import Iterator
 import pytest
 
 from core.model import LEFT_LOST, LEFT_PREEMPTED, EventKind
-from core.slurm.book import PilotBook
-from core.slurm.hub import PilotLink
+from core.pilots.book import PilotBook
+from core.pilots.hub import PilotLink
 from core.slurm.records import SlurmJob, SlurmNode
-from core.slurm.settings import SlurmSettings
+from core.pilots.settings import PilotSettings
 from tests.support.pace import PaceFile
 from tests.support.server import ROOT, AppProcess, start_app
 from tests.support.slurm import HOST_VERSION, SlurmCluster, parent, processes_with_env, start_cluster, steps_into_generation
@@ -257,7 +257,7 @@ def pilot_link(job: str, node: str, leaving: bool = False) -> PilotLink:
 
 
 def test_the_book_takes_slurms_word_on_a_nodes_health(tmp_path):
-    b = PilotBook(SlurmSettings(log_dir=str(tmp_path)), NODES)
+    b = PilotBook(PilotSettings(log_dir=str(tmp_path)), NODES)
     b.want(3, NODES)
     for job, node in (("41", "node1"), ("42", "node2"), ("43", "node3")):
         b.submitted(job, node)

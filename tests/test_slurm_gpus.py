@@ -22,12 +22,11 @@ from core.assemble import build, node_source
 from core.schemas import JobSpec
 from core.settings import HarvesterSettings
 from core.slurm.cli import SlurmCli, gpu_count
-from core.slurm.pilots import sbatch_options
-from core.slurm.settings import SettingError, SlurmSettings
-from core.slurm.source import SlurmSource
-from core.slurm.transport import PilotTransport
+from core.slurm.provider import sbatch_options
+from core.pilots.settings import SettingError, PilotSettings
+from core.pilots.transport import PilotTransport
 from core.transports.base import NodeSpec
-from tests.support.fakeslurm import fake_slurm
+from tests.support.fakeslurm import fake_slurm, slurm_source
 from tests.support.procs import environ_of, leftovers, run_module, worker_pid
 from tests.support.server import ROOT, start_app
 from tests.support.pace import PaceFile
@@ -78,7 +77,7 @@ def test_the_source_reads_two_slots_per_node_from_slurms_gres(cluster):
 
 def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, monkeypatch):
     fake_slurm(tmp_path, monkeypatch, gres=[None, "gpu:a100:2(S:0),gpu:v100:2(S:1),nic:1"])
-    source = SlurmSource(SlurmSettings(dry_run=True))
+    source = slurm_source(PilotSettings(dry_run=True))
     try:
         assert [source.slots_of(n) for n in ("node1", "node2")] == [1, 4]
         assert "--gres" not in sbatch_options(source.settings, "node1", source._slurm["node1"])
@@ -88,7 +87,7 @@ def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, 
         source.close()
     (tmp_path / "again").mkdir()
     fake_slurm(tmp_path / "again", monkeypatch, gres=["(null)", ""])
-    source = SlurmSource(SlurmSettings(dry_run=True, slots=2))
+    source = slurm_source(PilotSettings(dry_run=True, slots=2))
     try:
         assert [source.slots_of(n) for n in ("node1", "node2")] == [2, 2], "--slurm-slots for every node"
         assert "--gres" not in sbatch_options(source.settings, "node1", source._slurm["node1"])
@@ -99,9 +98,9 @@ def test_a_node_without_gpus_has_one_slot_and_its_pilot_asks_for_none(tmp_path, 
 def test_slots_are_checked_with_the_option_named():
     for bad in (-1, 1025, 2.0, True):
         with pytest.raises(SettingError) as e:
-            SlurmSettings(slots=bad)
+            PilotSettings(slots=bad)
         assert e.value.field == "slots"
-    assert SlurmSettings(slots=1024).slots == 1024
+    assert PilotSettings(slots=1024).slots == 1024
     r = run_module("app", "--source", "slurm", "--slurm-slots", "2000")
     assert r.returncode == 2 and "error: --slurm-slots: must be a whole number from 0 to 1,024" in r.stderr, r.stderr
 

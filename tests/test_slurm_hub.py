@@ -1,4 +1,4 @@
-"""The pilot hub's defences (core/slurm/hub.py, lobby.py, wire.py, tls.py; job ids in cli.py),
+"""The pilot hub's defences (core/pilots/hub.py, lobby.py, wire.py, tls.py; job ids in cli.py),
 without Slurm: pilots are the real pilot program in a subprocess or a fake one speaking the wire
 protocol; Slurm's commands, where one is run, are fakes on PATH that record their argv.
 
@@ -24,14 +24,14 @@ from typing import Optional
 
 import pytest
 
-from core.slurm.cli import BadJobId, SlurmCli, valid_job_id
-from core.slurm.hub import PilotGone, PilotHub, PilotLink
-from core.slurm.settings import SlurmSettings
-from core.slurm.source import SlurmSource
-from core.slurm.wire import (ALIVE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, Wire, WrongCertificate,
+from core.pilots.base import BadJobId
+from core.slurm.cli import SlurmCli, valid_job_id
+from core.pilots.hub import PilotGone, PilotHub, PilotLink
+from core.pilots.settings import PilotSettings
+from core.pilots.wire import (ALIVE, ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN, HELLO, Wire, WrongCertificate,
                              client_context, dial)
 from tests.support.files import ROOT
-from tests.support.fakeslurm import fake_slurm
+from tests.support.fakeslurm import fake_slurm, slurm_source
 from tests.support.waiting import wait
 
 TOKEN = "the-harvesters-token-" + "x" * 20
@@ -64,7 +64,7 @@ def pilot_process(hub_address: str, sha256: str, job: str, node: str) -> subproc
     """The real pilot program, as Slurm would start it on `node` for job `job`."""
     env = {**os.environ, ENV_HUB: hub_address, ENV_HUB_SHA256: sha256, ENV_TOKEN: TOKEN,
            "SLURM_JOB_ID": job, "SLURMD_NODENAME": node}
-    return subprocess.Popen([sys.executable, "-c", "import sys; from core.slurm.pilot_job import main; "
+    return subprocess.Popen([sys.executable, "-c", "import sys; from core.pilots.pilot_job import main; "
                              "sys.exit(main())"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -94,7 +94,7 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
 # ---- the cap and the deadline ------------------------------------------------------------------
 def test_a_thousand_idle_connections_do_not_lock_a_pilot_out():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    cap = SlurmSettings().hub_connection_cap
+    cap = PilotSettings().hub_connection_cap
     assert soft > 1000 + cap + 200, f"RLIMIT_NOFILE {soft} is too low for this test"
     idle: list[socket.socket] = []
     with Hub(max_connections=cap) as h:
@@ -192,7 +192,7 @@ def test_job_ids_that_look_like_options_never_reach_slurm(tmp_path, monkeypatch)
 
     # the whole way: hellos to the source's hub for a node it does not watch (a stray pilot,
     # which the source cancels), with job ids that are options
-    source = SlurmSource(SlurmSettings())
+    source = slurm_source(PilotSettings())
     try:
         assert source.hub is not None and source.node_names() == ["node1", "node2"]
         address = "%s:%d" % source.hub.address
@@ -280,7 +280,7 @@ def test_a_pilot_refuses_a_hub_with_another_certificate():
 
 # ---- failures of the listener ------------------------------------------------------------------
 def test_the_accept_loop_survives_emfile(caplog):
-    caplog.set_level(logging.WARNING, logger="core.slurm.lobby")
+    caplog.set_level(logging.WARNING, logger="core.pilots.lobby")
     with Hub() as h:
         early = socket.socket()                       # its descriptor, before there are none
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

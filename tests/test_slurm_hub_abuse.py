@@ -11,7 +11,7 @@ once the attack ends a new pilot connects as on a quiet hub. The same 8 pilots j
 preempted on the quiet hub first, for comparison.
 
 Under the lobby's former plain FIFO eviction the attack cut the distant pilot off on every try
-and locked some of the real pilots out for good; see core/slurm/lobby.py for the rule now, and
+and locked some of the real pilots out for good; see core/pilots/lobby.py for the rule now, and
 the second test for it step by step. The attackers run in a process of their own (`python -c`
 importing `attack` from here): they stand for other machines, whose CPU is not the hub's."""
 from __future__ import annotations
@@ -38,11 +38,11 @@ from typing import IO, Optional
 
 import pytest
 
-from core.slurm.hub import PilotHub, PilotLink
-from core.slurm.lobby import STUCK_S
-from core.slurm.pilots import environment
-from core.slurm.settings import SlurmSettings
-from core.slurm.wire import ENV_HUB, HELLO, START, Wire, client_context
+from core.pilots.hub import PilotHub, PilotLink
+from core.pilots.lobby import STUCK_S
+from core.pilots.script import environment
+from core.pilots.settings import PilotSettings
+from core.pilots.wire import ENV_HUB, HELLO, START, Wire, client_context
 from tests.support.files import ROOT
 from tests.support.waiting import wait
 
@@ -281,7 +281,7 @@ class Harvester:
     10 ms."""
 
     def __init__(self) -> None:
-        self.settings = SlurmSettings()
+        self.settings = PilotSettings()
         self.hellos: dict[str, list[tuple[float, PilotLink]]] = {}
         self.leaves: dict[str, list[tuple[float, str]]] = {}
         self.fds_before = fds()
@@ -310,7 +310,7 @@ class Harvester:
                ENV_HUB: "%s:%d" % self.hub.address, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node,
                "SLURM_JOB_NAME": self.settings.pilot_name, "SLURM_JOB_NODELIST": node, "SLURM_NNODES": "1"}
         with log.open("w") as f:
-            return subprocess.Popen([sys.executable, "-c", "import sys; from core.slurm.pilot_job import main; "
+            return subprocess.Popen([sys.executable, "-c", "import sys; from core.pilots.pilot_job import main; "
                                      "sys.exit(main())"], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
 
     def join(self, jobs: dict[str, str], tmp: Path, pilots: dict[str, subprocess.Popen]) -> dict[str, float]:
@@ -425,8 +425,8 @@ def test_eight_pilots_join_and_one_is_vacated_in_time_while_the_hub_is_abused(tm
     need = MIX["idle"] + 500
     if hard != resource.RLIM_INFINITY and hard < need:
         pytest.skip(f"the attackers need {need} descriptors; the hard limit is {hard}")
-    monkeypatch.setattr("core.slurm.lobby.REPORT_S", 1e9)     # the lobby's tally whole, not per 10 s
-    caplog.set_level(logging.WARNING, logger="core.slurm.hub")
+    monkeypatch.setattr("core.pilots.lobby.REPORT_S", 1e9)     # the lobby's tally whole, not per 10 s
+    caplog.set_level(logging.WARNING, logger="core.pilots.hub")
     t_start = time.monotonic()
     h = Harvester()
     cap = h.settings.hub_connection_cap

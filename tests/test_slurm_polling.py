@@ -9,10 +9,10 @@ import json
 import time
 from pathlib import Path
 
-from core.slurm.pilots import Pilot
-from core.slurm.settings import SlurmSettings
-from core.slurm.source import SQUEUE_BACKSTOP_S, SlurmSource
-from tests.support.fakeslurm import fake_slurm
+from core.pilots.script import Pilot
+from core.pilots.settings import PilotSettings
+from core.pilots.source import SQUEUE_BACKSTOP_S
+from tests.support.fakeslurm import fake_slurm, slurm_source
 
 
 def reads(record: Path, command: str) -> int:
@@ -21,7 +21,7 @@ def reads(record: Path, command: str) -> int:
 
 def test_squeue_is_read_while_a_pilot_waits_and_otherwise_every_few_seconds(tmp_path, monkeypatch):
     record = fake_slurm(tmp_path, monkeypatch)
-    source = SlurmSource(SlurmSettings())
+    source = slurm_source(PilotSettings())
     try:
         sinfo0, squeue0 = reads(record, "sinfo"), reads(record, "squeue")
         for _ in range(3):

@@ -1,6 +1,6 @@
 """A pilot outliving its hub (the harvester killed) without Slurm: the real pilot program in a
 subprocess, the hub in process. The hub's identity (port, token, certificate) is kept in a file
-(core/slurm/identity.py); a pilot that loses the hub keeps its workers and redials it for its
+(core/pilots/identity.py); a pilot that loses the hub keeps its workers and redials it for its
 orphan timeout, and its new hello lists the workers, which a restarted harvester adopts."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from core.slurm import identity
-from core.slurm.hub import PilotHub, PilotLink
-from core.slurm.identity import HubIdentity, IdentityError
-from core.slurm.tls import server_context
-from core.slurm.wire import ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN, HELLO, START, dial
+from core.pilots import identity
+from core.pilots.hub import PilotHub, PilotLink
+from core.pilots.identity import HubIdentity, IdentityError
+from core.pilots.tls import server_context
+from core.pilots.wire import ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN, HELLO, START, dial
 from tests.support.files import ROOT
 from tests.support.waiting import wait
 
@@ -31,7 +31,7 @@ def hub(ident: HubIdentity, hellos: list, port: int = 0) -> PilotHub:
 def pilot(address: str, sha256: str, token: str, orphan_s: float, tmp: Path) -> subprocess.Popen:
     env = {**os.environ, ENV_HUB: address, ENV_HUB_SHA256: sha256, ENV_TOKEN: token, ENV_ORPHAN: str(orphan_s),
            "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node1"}
-    return subprocess.Popen([sys.executable, "-c", "import sys; from core.slurm.pilot_job import main; "
+    return subprocess.Popen([sys.executable, "-c", "import sys; from core.pilots.pilot_job import main; "
                              "sys.exit(main())"], cwd=ROOT, env=env, stdout=(tmp / "pilot.log").open("w"),
                             stderr=subprocess.STDOUT)
 

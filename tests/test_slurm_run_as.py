@@ -27,11 +27,11 @@ from typing import Iterator, Optional
 
 import pytest
 
-from core.slurm import pilot_job
-from core.slurm.pilot_job import Pilot
-from core.slurm.runas import launch_argv
-from core.slurm.transport import PilotTransport
-from core.slurm.wire import GIVE, START
+from core.pilots import pilot_job
+from core.pilots.pilot_job import Pilot
+from core.pilots.runas import launch_argv
+from core.pilots.transport import PilotTransport
+from core.pilots.wire import GIVE, START
 from core.transports.base import NodeSpec, StartError
 from core.transports.runas import RunAs
 from tests.support.accounts import LAUNCHER, SUDO, unix_account

@@ -14,6 +14,7 @@ import re
 import subprocess
 from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
+from ..pilots.base import BadJobId, SchedulerUnavailable, SchedulerUnreadable
 from .parse import (SINFO_FORMAT, SQUEUE_FORMAT, SlurmVersion, Unreadable, check_version, parse_jobs,
                     parse_nodes, parse_version)
 from .records import SlurmJob, SlurmNode, gpu_count
@@ -29,10 +30,6 @@ JOB_ID = re.compile(r"[0-9]{1,18}(?:_[0-9]{1,18})?")
 FILTER_VALUE = re.compile(r"[^\s,-][^\s,]{0,255}")
 
 
-class BadJobId(ValueError):
-    """A value that is not a Slurm job id where one was expected; nothing was run."""
-
-
 def valid_job_id(job: object) -> bool:
     return isinstance(job, str) and JOB_ID.fullmatch(job) is not None
 
@@ -45,11 +42,11 @@ def check_job_ids(jobs: Sequence[str]) -> list[str]:
     return list(jobs)
 
 
-class SlurmUnavailable(RuntimeError):
+class SlurmUnavailable(SchedulerUnavailable):
     """slurmctld could not be asked: not running, unreachable, too slow, or it refused."""
 
 
-class SlurmUnreadable(SlurmUnavailable):
+class SlurmUnreadable(SlurmUnavailable, SchedulerUnreadable):
     """Slurm answered with something this harvester cannot read (a version older than it
     supports, or output it does not parse); the message names the version."""
 

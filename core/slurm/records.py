@@ -15,6 +15,8 @@ ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "
                    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
 #: ended states that say the pilot itself went wrong (not preempted, cancelled or timed out)
 FAILED = frozenset({"FAILED", "BOOT_FAIL", "NODE_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"})
+#: a pilot that ended so was taken off its node by Slurm or staff, through no fault of its own
+NOT_ITS_FAULT = frozenset({"PREEMPTED", "CANCELLED", "TIMEOUT", "DEADLINE"})
 
 #: one GRES of a node's `gres`: name, optional type, optional count, optional `(S:0-1)`-style suffix
 GRES_ITEM = re.compile(r"(?P<name>[^:()]+)(?::(?P<type>[^:()]+))??(?::(?P<count>[0-9]+))?(?:\(.*\))?")
@@ -91,8 +93,25 @@ class SlurmJob:
     reason: str = ""                 # Slurm's reason: Resources, NonZeroExitCode, ...
 
     @property
+    def node(self) -> str:
+        """The node a (one-node) pilot runs on; '' while it is pending."""
+        return self.nodes
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+    @property
     def ended(self) -> bool:
         return self.state in ENDED
+
+    @property
+    def suspended(self) -> bool:
+        return self.state == "SUSPENDED"
+
+    @property
+    def not_its_fault(self) -> bool:
+        return self.state in NOT_ITS_FAULT
 
     @property
     def failed(self) -> bool:

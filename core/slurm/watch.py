@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .cli import SlurmCli, SlurmUnavailable
 from .records import SlurmNode
-from .settings import SettingError, SlurmSettings
+from ..pilots.settings import PilotSettings, SettingError
 
 
-def resolve_watch(settings: SlurmSettings, nodes: list[SlurmNode], cli: SlurmCli) -> list[str]:
+def resolve_watch(settings: PilotSettings, nodes: list[SlurmNode], cli: SlurmCli) -> list[str]:
     """The nodes to watch, in Slurm's order: those of `settings.watch` (partitions, node names,
     hostlists), or every node of the pilots' partition; all of them must be in that partition."""
     in_partition = [n.name for n in nodes if settings.partition in n.partitions]

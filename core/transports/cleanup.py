@@ -16,7 +16,7 @@ A *mark* is `<instance>/<n>`: the harvester process that started the worker, the
 finds the cgroups (and, in the fallback, the marked processes) that a crashed earlier run on
 this host left, kills them and removes them, and never touches those of a harvester still
 running. Slurm pilots use the fallback inside their job and leave the rest to Slurm (see
-core/slurm/pilot_job.py): a cgroup of ours would take their workers out of Slurm's.
+core/pilots/pilot_job.py): a cgroup of ours would take their workers out of Slurm's.
 """
 from __future__ import annotations
 

@@ -38,3 +38,10 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return record
 
 
+
+
+def slurm_source(settings):
+    """The pilot source on Slurm (core/slurm/provider.py) with these settings."""
+    from core.pilots.source import PilotSource
+    from core.slurm.provider import SlurmScheduler
+    return PilotSource(settings, SlurmScheduler(settings))

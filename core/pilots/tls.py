@@ -1,6 +1,6 @@
 """The hub's TLS identity: a self-signed certificate and its key. Pilots pin it by its SHA-256
 fingerprint (given in their environment), so no CA is involved and nothing has to be installed
-on the nodes. The identity is kept with the store (`core/slurm/identity.py`, a file only this
+on the nodes. The identity is kept with the store (`core/pilots/identity.py`, a file only this
 user reads) so that a restarted harvester is the same hub its pilots dial. `ssl` loads keys from
 files only: the key passes through a private temporary file, encrypted with a one-time password,
 removed at once."""

@@ -1,6 +1,6 @@
-"""How the harvester uses a Slurm cluster: where its pilot jobs go and how many, which nodes it
-watches, how often it asks, and whether it only says what it would harvest (dry run).
-Checked when built, with an error that names the setting."""
+"""How the harvester uses a batch scheduler (Slurm, PBS): where its pilot jobs go and how many,
+which nodes it watches, how often it asks, and whether it only says what it would harvest (dry
+run). Checked when built, with an error that names the setting."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-#: partition, QOS, account and job names as Slurm accepts them on a command line
+#: partition or queue, QOS, account and job names as the schedulers accept them on a command line
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 WATCH_ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 MAX_PILOTS = 100_000
@@ -20,18 +20,18 @@ MAX_SLOTS = 1024
 
 
 class SettingError(SettingsError):
-    """A Slurm setting out of range; `field` names it (the CLI maps it to its option)."""
+    """A pilot setting out of range; `field` names it (the CLI maps it to its option)."""
 
 
 @dataclass(frozen=True)
-class SlurmSettings:
-    partition: str = "scavenger"     # where pilots go: a low-priority partition Slurm preempts
+class PilotSettings:
+    partition: str = "scavenger"     # where pilots go: a low-priority partition (Slurm) or queue (PBS) that is preempted
     qos: str = ""                    # optional --qos of the pilots (preempt/qos sites)
     account: str = ""                # optional --account of the pilots
     max_pilots: int = 64             # pilots held or waiting at once
     time_limit_min: int = 60         # each pilot's --time; a new pilot replaces it after
     watch: tuple[str, ...] = ()      # partitions, node names or hostlists; () = the partition's nodes
-    poll_s: float = 1.0              # how often sinfo/squeue are read (leaves come at once anyway)
+    poll_s: float = 1.0              # how often the scheduler is read (leaves come at once anyway)
     submit_batch: int = 16           # pilots submitted per poll at most
     pending_timeout_s: float = 60.0  # a pilot not connected after this is cancelled
     release_grace_s: float = 60.0    # a pilot no job has wanted for this long is cancelled
@@ -43,14 +43,14 @@ class SlurmSettings:
     python: str = sys.executable     # interpreter of the pilot batch script, on the nodes
     workdir: str = str(ROOT)         # the pilots' working directory (this checkout, on the nodes)
     log_dir: str = ""                # pilot output files; '' = /dev/null
-    conf: str = ""                   # SLURM_CONF for the Slurm commands; '' = the site's default
-    bin_dir: str = ""                # folder of sinfo, squeue, sbatch, scancel, scontrol; '' = PATH
+    conf: str = ""                   # SLURM_CONF / PBS_CONF_FILE for the scheduler's commands; '' = the site's default
+    bin_dir: str = ""                # folder of the scheduler's commands (sinfo, ... / qsub, ...); '' = PATH
     worker_grace_s: float = 0.0      # a preempted pilot's workers: SIGTERM, SIGKILL after this
     #   (0: at once. The main job waits for the node, and a preempted worker holds nothing its
     #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
-    command_timeout_s: float = 5.0   # a Slurm command slower than this counts as slurmctld away
+    command_timeout_s: float = 5.0   # a scheduler command slower than this counts as the scheduler away
     hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
-    slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (GRES gpu), 1 without
+    slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (Slurm GRES gpu, PBS ngpus), 1 without
     orphan_timeout_s: float = 600.0  # a pilot that lost the harvester keeps its node and redials this long
     backoff_s: float = 20.0          # a node whose pilot failed waits this long, doubled per failure in a row
     backoff_cap_s: float = 600.0     # ... but never longer than this
@@ -60,10 +60,10 @@ class SlurmSettings:
     def __post_init__(self) -> None:
         for f in ("partition", "pilot_name"):
             if not NAME.match(getattr(self, f)):
-                raise SettingError(f, f"{getattr(self, f)!r} is not a Slurm name (letters, digits, '.', '_', '-')")
+                raise SettingError(f, f"{getattr(self, f)!r} is not a valid name (letters, digits, '.', '_', '-')")
         for f in ("qos", "account"):
             if getattr(self, f) and not NAME.match(getattr(self, f)):
-                raise SettingError(f, f"{getattr(self, f)!r} is not a Slurm name")
+                raise SettingError(f, f"{getattr(self, f)!r} is not a valid name")
         _whole(self, "max_pilots", 1, MAX_PILOTS)
         _whole(self, "time_limit_min", 1, 365 * 24 * 60)
         _whole(self, "submit_batch", 1, MAX_PILOTS)
@@ -124,13 +124,13 @@ def split_list(text: str) -> tuple[str, ...]:
     return tuple(i for i in items if i)
 
 
-def _whole(s: SlurmSettings, f: str, lo: int, hi: int) -> None:
+def _whole(s: PilotSettings, f: str, lo: int, hi: int) -> None:
     v = getattr(s, f)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise SettingError(f, f"must be a whole number from {lo} to {hi:,}, not {v!r}")
 
 
-def _number(s: SlurmSettings, f: str, lo: float, hi: float) -> None:
+def _number(s: PilotSettings, f: str, lo: float, hi: float) -> None:
     v = getattr(s, f)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
         raise SettingError(f, f"must be a number from {lo:g} to {hi:g}, not {v!r}")

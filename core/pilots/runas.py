@@ -17,11 +17,12 @@ from typing import Mapping, Sequence
 
 from ..transports.base import DEVICE_ENV
 from ..transports.runas import RunAs
+from .wire import SCHEDULER_PREFIXES
 
 #: the pilot's own variables a job run as another account keeps (besides the job's own): its
-#: Slurm job and the devices Slurm bound to it, and the locale. Not PATH, HOME, USER, LOGNAME,
+#: batch job (SLURM_*, PBS_*) and the devices the scheduler bound to it, and the locale. Not PATH, HOME, USER, LOGNAME,
 #: SHELL or TMPDIR: those are the pilot's account's, and the launcher sets the owner's.
-KEPT_PREFIXES = ("SLURM_", "LC_")
+KEPT_PREFIXES = (*SCHEDULER_PREFIXES, "LC_")
 KEPT_NAMES = (*DEVICE_ENV, "LANG", "LANGUAGE", "TZ")
 
 

@@ -8,7 +8,7 @@ has ended is answered here ("gone": Slurm ended the job's processes, and the pil
 workers before it exits), never sent to the next pilot on the same node.
 
 A job that runs as its owner's account (`--run-as`, `start_as`) sends the account and the
-launcher to the pilot, which runs the worker behind it (core/slurm/runas.py), and `give_dir`
+launcher to the pilot, which runs the worker behind it (core/pilots/runas.py), and `give_dir`
 asks the pilot to make the job's checkpoint directory the account's.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ class PilotTransport(Transport):
     def start_as(self, node: NodeSpec, launcher: RunAs, user: str, argv: Sequence[str], env: Mapping[str, str],
                  workdir: str, log_path: str) -> Handle:
         """The pilot applies the launcher: `{env}` must also name its Slurm binding (SLURM_*, the
-        GPUs Slurm bound to it), which only it knows (core/slurm/runas.py)."""
+        GPUs Slurm bound to it), which only it knows (core/pilots/runas.py)."""
         if not UNIX_NAME.match(user):
             raise ValueError(f"{user!r} is not a Unix account name")
         return self._start(node, argv, env, workdir, log_path, {"user": user, "launcher": list(launcher.words)})

@@ -1,7 +1,7 @@
 """What makes a restarted harvester the same hub to its pilots: the port it listens on, the
 token pilots prove themselves with and the TLS certificate they pin. Kept beside the store
 (`<db>.hub`, mode 0600, replaced whole), so pilots that lost the hub redial and are adopted
-instead of cancelled (core/slurm/source.py)."""
+instead of cancelled (core/pilots/source.py)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from typing import Callable
 from ..privatefiles import write_private
 from .hub import PilotHub, PilotLink
 from .stats import PilotStats
-from .settings import SlurmSettings
+from .settings import PilotSettings
 from .tls import new_identity
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,14 @@ def save(path: Path, ident: HubIdentity) -> None:
     write_private(path, json.dumps(asdict(ident)))
 
 
-def kept(s: SlurmSettings) -> tuple[HubIdentity, bool]:
+def kept(s: PilotSettings) -> tuple[HubIdentity, bool]:
     """The hub's port, token and certificate: those kept at `s.state_file` if an earlier run
     left them (True: pilots of that run may be alive and redial), else new ones."""
     ident = load(Path(s.state_file)) if s.state_file else None
     return (ident, True) if ident is not None else (HubIdentity.new(), False)
 
 
-def open_hub(s: SlurmSettings, ident: HubIdentity, on_hello: Callable[[PilotLink], None],
+def open_hub(s: PilotSettings, ident: HubIdentity, on_hello: Callable[[PilotLink], None],
              on_leave: Callable[[PilotLink, str], None], stats: Optional[PilotStats] = None) -> PilotHub:
     """The hub, on the kept port unless the settings name one (then the earlier run's pilots
     cannot redial and are given back after `pending_timeout_s`); its port is kept too."""

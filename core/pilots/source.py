@@ -1,8 +1,10 @@
-"""Idle nodes of a real Slurm cluster, held with preemptible pilot jobs.
+"""Idle nodes of a real batch cluster (Slurm, PBS), held with preemptible pilot jobs. What is
+said here of Slurm holds for every scheduler; each one's commands are its provider's
+(core/pilots/base.py: core/slurm/provider.py, core/pbs/provider.py).
 
 The harvester never uses a node behind Slurm's back: it submits one pilot job per idle node it
 wants to a low-priority partition that Slurm preempts (GraceTime=0), and a node counts as
-harvested only while a pilot runs there and is connected (core/slurm/pilot_job.py); the
+harvested only while a pilot runs there and is connected (core/pilots/pilot_job.py); the
 training job's worker runs inside that pilot. When a main job needs the node, Slurm sends the
 pilot SIGTERM and the pilot's first act is to tell the hub, so the leave reaches the controller
 within milliseconds (`wake`), ahead of anything else; squeue is only the backstop for a pilot
@@ -21,7 +23,7 @@ surplus pending pilots are cancelled at once, held ones no job uses after `relea
 it keeps every node its pilots hold (they run on slurmd, which does not need slurmctld) and
 submits nothing until slurmctld answers again.
 
-Restarts: the hub's port, token and certificate are kept beside the store (core/slurm/identity.py).
+Restarts: the hub's port, token and certificate are kept beside the store (core/pilots/identity.py).
 A pilot that loses the hub keeps its node and redials for `orphan_timeout_s`; a harvester that
 finds that file adopts the running pilots squeue shows (their nodes count as held at once, and
 a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
@@ -37,7 +39,7 @@ its environment, which its workers inherit).
 
 Pilots that fail (end before they connect, soon after, or run without connecting) count
 against their node: it waits longer after each failure and no more than a set number of pilots
-go to Slurm per minute (core/slurm/backoff.py); the reason, from Slurm and the pilot's log, is
+go to Slurm per minute (core/pilots/backoff.py); the reason, from Slurm and the pilot's log, is
 on the badge, the node and in the log until a pilot holds the node well or staff clear it.
 """
 from __future__ import annotations
@@ -52,15 +54,14 @@ from typing import Callable, Collection, Optional, Sequence
 
 from ..model import Event, EventKind
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
-from . import identity, pilots
+from . import identity, script
+from .base import BadJobId, BatchNode, Scheduler, SchedulerUnavailable
 from .book import PilotBook
-from .cli import BadJobId, SlurmCli, SlurmNode, SlurmUnavailable
 from .hub import PilotHub, PilotLink
-from .settings import SlurmSettings
+from .settings import PilotSettings
 from .stats import PilotStats
-from .watch import resolve_watch
 
-__all__ = ["JoinHold", "SlurmSource", "resolve_watch"]
+__all__ = ["JoinHold", "PilotSource"]
 log = logging.getLogger(__name__)
 #: held joins go at the latest this many pilot connect timeouts after the first of them came
 JOIN_CAP_TIMEOUTS = 2
@@ -87,7 +88,7 @@ class JoinHold:
     than 10 s after the others. Leaves never wait, and a node that leaves while its join
     waits never joins."""
 
-    cap_s: float = SlurmSettings.pending_timeout_s
+    cap_s: float = PilotSettings.pending_timeout_s
     held: list[Event] = field(default_factory=list)
     since: Optional[float] = None     # monotonic: when the oldest held join came
 
@@ -111,19 +112,20 @@ class JoinHold:
         return out
 
 
-class SlurmSource(LiveNodeSource):
-    name = "slurm"
+class PilotSource(LiveNodeSource):
     clears_failures = True
 
-    def __init__(self, settings: SlurmSettings, cli: Optional[SlurmCli] = None) -> None:
+    def __init__(self, settings: PilotSettings, scheduler: Scheduler) -> None:
         self.settings = s = settings
-        self.cli = cli or SlurmCli(s.conf, s.command_timeout_s, s.bin_dir)
-        self.version = self.cli.version()             # SlurmUnreadable: too old, names the version
+        self.scheduler = scheduler
+        self.name = scheduler.name
+        self.title = scheduler.title
+        self.version = scheduler.version()            # SchedulerUnreadable: too old, names the version
         self.user = getpass.getuser()
-        nodes = self.cli.nodes()                      # SlurmUnavailable: cannot start without it
-        self._slurm: dict[str, SlurmNode] = {n.name: n for n in nodes}
-        self._slurm_at = time.monotonic()             # when sinfo was asked for `_slurm`
-        self.book = PilotBook(s, resolve_watch(s, nodes, self.cli))
+        nodes = scheduler.nodes()                     # SchedulerUnavailable: cannot start without it
+        self._slurm: dict[str, BatchNode] = {n.name: n for n in nodes}
+        self._slurm_at = time.monotonic()             # when the nodes were read for `_slurm`
+        self.book = PilotBook(s, scheduler.watch(nodes), scheduler.title, scheduler.log_path)
         self._would: tuple[str, ...] = ()             # dry run: what would be harvested now
         self._status = SourceStatus(self.name, SOURCE_DRY_RUN if s.dry_run else SOURCE_OK, "", time.time())
         self._stop = threading.Event()
@@ -134,7 +136,8 @@ class SlurmSource(LiveNodeSource):
         self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
-        log.info("Slurm %s: watching %d node(s) of partition %s", self.version, len(self.book.names), s.partition)
+        log.info("%s %s: watching %d node(s) of %s %s", self.title, self.version, len(self.book.names),
+                 scheduler.queue_word, s.partition)
         if not s.dry_run:
             ident, restarted = identity.kept(s)
             self._token = ident.token
@@ -214,9 +217,9 @@ class SlurmSource(LiveNodeSource):
             self._thread.join(self.settings.command_timeout_s * 3 + 5)
         jobs = self.book.closing()
         try:
-            self.cli.cancel(jobs)
+            self.scheduler.cancel(jobs)
             self.stats.count("cancelled", len(jobs))
-        except (SlurmUnavailable, BadJobId) as e:
+        except (SchedulerUnavailable, BadJobId) as e:
             log.warning("could not cancel pilots %s (%s); a restarted harvester adopts them, or they end "
                         "after the orphan timeout", jobs, e)
         else:
@@ -241,27 +244,30 @@ class SlurmSource(LiveNodeSource):
             self.stats.count("lost")
         elif not self.book.was_cancelled(link.job):
             self.stats.count("preempted")
+        ours = self.book.was_cancelled(link.job)
         if self.book.leave(link, why):
             self._poke()
-        if not link.leaving and not self._stop.is_set():
-            self._cancel_quietly([link.job])   # lost contact: make sure the node goes back
+        if self._stop.is_set():
+            return
+        if not link.leaving or (self.scheduler.requeues_preempted and not ours):
+            self._cancel_quietly([link.job])   # lost contact, or requeued: make sure the node goes back
 
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake()
 
-    # ---- watching Slurm ----------------------------------------------------------------------
+    # ---- watching the scheduler ----------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
                 self.poll_slurm()
             except Exception:             # never let the watcher die: the next poll tries again
-                log.exception("reading Slurm failed")
+                log.exception("reading %s failed", self.title)
             self._stop.wait(max(0.0, self.settings.poll_s - (time.monotonic() - t0)))
 
     def poll_slurm(self) -> None:
-        """One round: read sinfo and squeue, then act on what changed."""
+        """One round: read the nodes and the pilots (sinfo and squeue), then act on what changed."""
         asked = time.monotonic()
         with self.book.lock:
             known = {j for j, p in self.book.pilots.items() if p.submitted < asked}
@@ -269,10 +275,10 @@ class SlurmSource(LiveNodeSource):
         read_jobs = not self.settings.dry_run and (
             waiting or self._status.state != SOURCE_OK or asked - self._squeue_at >= SQUEUE_BACKSTOP_S)
         try:
-            nodes = self.cli.nodes()
-            jobs = self.cli.jobs(self.settings.pilot_name, self.user) if read_jobs else None
-        except SlurmUnavailable as e:
-            self._set_status(SOURCE_STALE, f"cannot read Slurm: {e}")
+            nodes = self.scheduler.nodes()
+            jobs = self.scheduler.jobs(self.settings.pilot_name, self.user) if read_jobs else None
+        except SchedulerUnavailable as e:
+            self._set_status(SOURCE_STALE, f"cannot read {self.title}: {e}")
             return
         self._slurm, self._slurm_at = {n.name: n for n in nodes}, asked
         if self.settings.dry_run:
@@ -288,7 +294,9 @@ class SlurmSource(LiveNodeSource):
 
     def _check_pilots(self, jobs: dict, known: set[str]) -> None:
         """The backstop: pilots that ended without a word; and pilots to cancel."""
+        again = self.book.queued_again(jobs) if self.scheduler.requeues_preempted else []
         cancel, dropped, left = self.book.check(jobs, known, self._slurm)
+        cancel += again + [jid for jid in dropped if jobs.get(jid) is not None and jobs[jid].suspended]
         if left:
             self._poke()
         for jid in dropped:           # Slurm says it is over: if it is still connected, hang up
@@ -306,8 +314,8 @@ class SlurmSource(LiveNodeSource):
         fallen = self.book.unreachable(self._slurm)
         if fallen:
             self._poke()
-            log.warning("Slurm says the node(s) of pilot(s) %s are down or not responding: they leave their jobs "
-                        "and are not used until Slurm has them idle again", ", ".join(fallen))
+            log.warning("%s says the node(s) of pilot(s) %s are down or not responding: they leave their jobs "
+                        "and are not used until %s has them idle again", self.title, ", ".join(fallen), self.title)
             self._cancel_quietly(fallen)
 
     def free_nodes(self) -> list[str]:
@@ -324,14 +332,14 @@ class SlurmSource(LiveNodeSource):
     def _submit(self) -> None:
         s, hub = self.settings, self.hub
         assert hub is not None
-        script, env = pilots.script(s), pilots.environment(s, hub.address[1], hub.fingerprint, self._token)
+        text, env = script.script(s), script.environment(s, hub.address[1], hub.fingerprint, self._token)
         free, room = self.free_nodes(), self.book.room()
         self._more = min(len(free), self.book.unpaced()) > room
         for node in free[:room]:
             job = None
             try:
-                job = self.cli.submit(pilots.sbatch_options(s, node, self._slurm.get(node)), script, env)
-            except SlurmUnavailable as e:
+                job = self.scheduler.submit(node, self._slurm.get(node), text, env)
+            except SchedulerUnavailable as e:
                 log.warning("could not submit a pilot to %s: %s", node, e)
                 return
             finally:
@@ -355,15 +363,15 @@ class SlurmSource(LiveNodeSource):
         since = old.since if old.state == state else time.time()
         if state != old.state:
             (log.warning if state == SOURCE_STALE else log.info)(
-                "Slurm source %s%s", state, f": {detail}" if detail else "")
+                "%s source %s%s", self.title, state, f": {detail}" if detail else "")
         self._status = SourceStatus(self.name, state, detail, since)
 
     def _take_over_leftovers(self, restarted: bool) -> None:
         """Pilots an earlier run left (same name and user): after a restart those running on a
         watched node are adopted (PilotBook.adopt); every other one is cancelled."""
         try:
-            jobs = [j for j in self.cli.jobs(self.settings.pilot_name, self.user) if not j.ended]
-        except SlurmUnavailable:
+            jobs = [j for j in self.scheduler.jobs(self.settings.pilot_name, self.user) if not j.ended]
+        except SchedulerUnavailable:
             return
         cancel = self.book.adopt(jobs, restarted)
         if self.book.adopted:
@@ -376,8 +384,8 @@ class SlurmSource(LiveNodeSource):
     def _cancel_quietly(self, jobs: list[str]) -> None:
         self.book.cancelling(jobs)
         try:
-            self.cli.cancel(jobs)
-        except (SlurmUnavailable, BadJobId) as e:
+            self.scheduler.cancel(jobs)
+        except (SchedulerUnavailable, BadJobId) as e:
             log.warning("could not cancel %s: %s", ", ".join(jobs), e)
         else:
             self.stats.count("cancelled", len(jobs))

@@ -7,7 +7,7 @@ Pilot -> hub:  hello {token, job, node, pid, workers} first (workers: those stil
                scheduler wants the node back), exited {pid, status} (a worker ended), and
                replies {re: id, ...}.
 Hub -> pilot:  welcome {} (the hello was accepted), then requests {op, id, ...}: start {argv, env, workdir, log,
-               run_as?} (run_as {user, launcher}: the job runs as its owner's account, core/slurm/runas.py),
+               run_as?} (run_as {user, launcher}: the job runs as its owner's account, core/pilots/runas.py),
                alive {handles}, stop {handles, grace}, kill {handle}, tail {handle, lines},
                give {path, user} (make a job's checkpoint directory its account's, before its first worker).
 
@@ -38,6 +38,9 @@ ENV_HUB_SHA256 = "HARVEST_PILOT_HUB_SHA256"  # the fingerprint of the hub's TLS 
 ENV_TOKEN = "HARVEST_PILOT_TOKEN"       # proves a pilot was started by this harvester
 ENV_GRACE = "HARVEST_PILOT_GRACE"       # seconds a worker gets between SIGTERM and SIGKILL
 ENV_ORPHAN = "HARVEST_PILOT_ORPHAN_S"   # seconds a pilot that lost the hub keeps its node, redialing
+ENV_NODE = "HARVEST_PILOT_NODE"         # the node it holds, where the scheduler does not say (a PBS vnode)
+#: the scheduler's own variables a pilot and its workers keep: its job, its node, what it bound
+SCHEDULER_PREFIXES = ("SLURM_", "PBS_")
 MAX_LINE = 1 << 20                      # one message; an argv + env fits many times over
 SEND_TIMEOUT_S = 5.0                    # a peer that takes no bytes for this long is gone
 CHUNK = 1 << 16

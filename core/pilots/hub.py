@@ -4,10 +4,10 @@ certificate the pilot pins), tells the node source when a pilot holds a node (he
 it lets go (`leaving` on SIGTERM, or its connection ends), and carries the transport's requests
 to the pilot on a node and their replies.
 
-Until its hello a connection waits in the lobby (core/slurm/lobby.py: one thread for all, a
+Until its hello a connection waits in the lobby (core/pilots/lobby.py: one thread for all, a
 deadline each, a cap on connections). A pilot then gets a thread of its own (a few hundred
 pilots at most); callbacks run on those threads and must be quick. A hello is refused unless
-its job id is a Slurm job id and its node is held by no other live pilot: a second pilot for a
+its job id is a batch scheduler's job id and its node is held by no other live pilot: a second pilot for a
 node never displaces the first.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .cli import valid_job_id
+from .base import batch_job_id
 from .lobby import Lobby
 from .stats import PilotStats
 from .tls import server_context
@@ -30,7 +30,7 @@ from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, WELCOME, Wire
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
-MAX_CONNECTIONS = 4 * 64 + 64   # see SlurmSettings.hub_connection_cap
+MAX_CONNECTIONS = 4 * 64 + 64   # see PilotSettings.hub_connection_cap
 #: connections the kernel queues for accept (clamped to net.core.somaxconn): a connect flood
 #: that overflows the queue makes a pilot's SYN be dropped, ~1 s per retransmission (at 1024, a
 #: flood of 2,000 sockets cost pilots 1-3 retransmissions; tests/test_slurm_hub_abuse.py)
@@ -56,7 +56,7 @@ class PilotGone(RuntimeError):
 
 @dataclass
 class PilotLink:
-    """One connected pilot: the Slurm job that holds `node` for us."""
+    """One connected pilot: the batch job that holds `node` for us."""
     job: str
     node: str
     pid: int
@@ -185,8 +185,8 @@ class PilotHub:
             return "no hello"
         if not hmac.compare_digest(hello["token"].encode(), self.token.encode()):
             return "a wrong token"
-        if not valid_job_id(hello.get("job")):
-            return f"job id {str(hello.get('job'))[:40]!r} is not a Slurm job id"
+        if not batch_job_id(hello.get("job")):
+            return f"job id {str(hello.get('job'))[:40]!r} is not a batch job id"
         node = hello.get("node")
         if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
             return f"{str(node)[:40]!r} is not a node name"

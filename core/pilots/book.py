@@ -1,26 +1,24 @@
 """The harvester's account of its pilots: which job holds which node, which pilots are
 pending, surplus or failing, and what each node should be told. Pure bookkeeping and policy
-under one lock, no Slurm command and no thread (core/slurm/source.py runs those), so every
-rule here is the same whichever Slurm, hub or clock drives it."""
+under one lock, no scheduler command and no thread (core/pilots/source.py runs those), so every
+rule here is the same whichever scheduler (Slurm, PBS), hub or clock drives it."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Collection, Optional
+from typing import Callable, Collection, Mapping, Optional
 
 from ..model import LEFT_LOST, LEFT_PREEMPTED, Event, EventKind
-from . import pilots
+from . import script
 from .backoff import SHORT_LIFE_S, PilotBackoff
 from .hub import PilotLink
-from .pilots import Pilot
-from .records import SlurmJob, SlurmNode
-from .settings import SlurmSettings
+from .base import BatchJob, BatchNode
+from .script import Pilot
+from .settings import PilotSettings
 
 log = logging.getLogger(__name__)
-#: a pilot that ended so was taken off its node by Slurm or staff, through no fault of its own
-NOT_ITS_FAULT = frozenset({"PREEMPTED", "CANCELLED", "TIMEOUT", "DEADLINE"})
-#: a node whose pilot Slurm just signalled is the main job's: between the pilot's end and the main
+#: a node whose pilot the scheduler just signalled is the main job's: between the pilot's end and the main
 #: job's start (up to a second or two on a busy slurmctld) sinfo shows it idle, and a pilot sent
 #: then only waits behind the main job to be cancelled: two RPCs and a scheduler pass for nothing.
 #: It gets no pilot until a later sinfo shows it taken, or for this long if it never is.
@@ -32,9 +30,14 @@ OVER_KEEP = 4096
 
 
 class PilotBook:
-    def __init__(self, settings: SlurmSettings, names: list[str]) -> None:
+    def __init__(self, settings: PilotSettings, names: list[str], title: str = "Slurm",
+                 log_of: Optional[Callable[[str], str]] = None) -> None:
+        """`title`: the scheduler's name in what the book says; `log_of`: a pilot's log file
+        from its job id (the scheduler names it), where it can be read for its last words."""
         self.settings = s = settings
-        self.names = names                            # watched nodes, in Slurm's order
+        self.title = title
+        self.log_of = log_of or (lambda job: script.log_path(s, job))
+        self.names = names                            # watched nodes, in the scheduler's order
         self.watched = set(names)
         self.pilots: dict[str, Pilot] = {}            # job id -> a pilot of ours not known to be over
         self.held: dict[str, str] = {}                # node -> the pilot whose hello made it a join
@@ -47,7 +50,7 @@ class PilotBook:
         self._surplus_since: Optional[float] = None   # monotonic: more pilots than demand since
         self._cancelled: set[str] = set()             # pilots we cancelled: their end is no failure
         self._over: dict[str, None] = {}              # pilots over (OVER_KEEP newest) that may still talk
-        self._reclaimed: dict[str, float] = {}        # node -> monotonic: Slurm signalled its pilot
+        self._reclaimed: dict[str, float] = {}        # node -> monotonic: the scheduler signalled its pilot
 
     # ---- what the jobs want, what happened ----------------------------------------------------
     def want(self, nodes: int, in_use: Collection[str]) -> None:
@@ -108,7 +111,7 @@ class PilotBook:
                 self._reclaimed[link.node] = time.monotonic()
             return self._release(link.node, link.job, why, LEFT_PREEMPTED if link.leaving else LEFT_LOST)
 
-    def _judge(self, p: Pilot, job: Optional[SlurmJob], how: str) -> None:
+    def _judge(self, p: Pilot, job: Optional[BatchJob], how: str) -> None:
         """A pilot is over (under the lock): a failure against its node if it never connected,
         or ended unasked soon after it did; a clean bill if it held the node a while."""
         if p.job in self._cancelled or p.releasing or p.adopted:
@@ -117,13 +120,13 @@ class PilotBook:
         if p.running and now - (p.hello_at or now) > SHORT_LIFE_S:
             self.backoff.succeeded(p.node)
             return
-        if job is not None and job.state in NOT_ITS_FAULT or p.running and (job is not None and not job.failed
+        if job is not None and job.not_its_fault or p.running and (job is not None and not job.failed
                                                                             or job is None and not how):
             return                             # preempted, cancelled, timed out or told to leave
         if not how:
             how = "ended before it connected" if not p.running else "ended soon after it connected"
             how += f": {job.state}{f' ({job.reason})' if job.reason else ''}" if job is not None else ": gone from squeue"
-        f = self.backoff.failed(p.node, pilots.why_failed(self.settings, p, how), now)
+        f = self.backoff.failed(p.node, script.why_failed(self.settings, p, how, self.log_of(p.job)), now)
         log.warning("%s; no pilot on %s for %.0f s (%d failure(s) in a row)", f.reason, p.node,
                     f.until - now, f.failures)
 
@@ -135,7 +138,7 @@ class PilotBook:
         return True
 
     # ---- what squeue says ---------------------------------------------------------------------
-    def check(self, jobs: dict[str, SlurmJob], known: set[str], slurm: dict[str, SlurmNode]
+    def check(self, jobs: Mapping[str, BatchJob], known: set[str], slurm: Mapping[str, BatchNode]
               ) -> tuple[list[str], list[str], bool]:
         """The backstop, after a squeue: (pilots to cancel, pilots Slurm says are over, whether
         a node stopped being harvested). `known`: pilots submitted before squeue was asked."""
@@ -144,7 +147,7 @@ class PilotBook:
         with self.lock:
             for jid, p in list(self.pilots.items()):
                 j = jobs.get(jid)
-                if (j is None and jid in known) or (j is not None and j.ended):
+                if (j is None and jid in known) or (j is not None and (j.ended or j.suspended)):
                     del self.pilots[jid]
                     self._judge(p, j, "")
                     left |= self._release(p.node, jid, f"pilot {jid} {j.state.lower() if j else 'is gone'} (squeue)",
@@ -152,11 +155,11 @@ class PilotBook:
                     dropped.append(jid)
                 elif j is not None and not p.running:
                     node = slurm.get(p.node)
-                    taken = j.state == "PENDING" and (node is None or not node.free)
+                    taken = not j.running and (node is None or not node.free)
                     if taken or now - p.submitted > self.settings.pending_timeout_s:
                         cancel.append(jid)
                         del self.pilots[jid]
-                        if j.state == "RUNNING" and not p.adopted:
+                        if j.running and not p.adopted:
                             self._judge(p, None, f"ran {now - p.submitted:.0f} s without connecting to "
                                                  f"the hub at {self.settings.dial_host}")
                         self._cancelled.add(jid)
@@ -167,6 +170,12 @@ class PilotBook:
             self._cancelled &= live
         return cancel, dropped, left
 
+    def queued_again(self, jobs: Mapping[str, BatchJob]) -> list[str]:
+        """Pilots we cancelled that the scheduler still has waiting (requeued before our delete
+        reached it): to delete again."""
+        with self.lock:
+            return [jid for jid in self._cancelled if jid in jobs and not jobs[jid].running and not jobs[jid].ended]
+
     def _remember_over(self, jobs: Collection[str]) -> None:
         for jid in jobs:
             self._over.pop(jid, None)
@@ -174,7 +183,7 @@ class PilotBook:
         for jid in list(self._over)[:max(0, len(self._over) - OVER_KEEP)]:
             del self._over[jid]
 
-    def unreachable(self, slurm: dict[str, SlurmNode]) -> list[str]:
+    def unreachable(self, slurm: Mapping[str, BatchNode]) -> list[str]:
         """After a sinfo: the pilots on held nodes that Slurm says are down or not responding,
         to cancel. The node leaves now, `lost` (its own fault, not its job's nor its pilot's: no
         backoff): its pilot and workers may well run on (slurmd gone, the host up), but Slurm
@@ -190,7 +199,7 @@ class PilotBook:
                     continue
                 self.pilots.pop(job, None)
                 self._cancelled.add(job)
-                self._release(node, job, f"Slurm says {node} is {n.label}: pilot {job} is cancelled", LEFT_LOST)
+                self._release(node, job, f"{self.title} says {node} is {n.label}: pilot {job} is cancelled", LEFT_LOST)
                 out.append(job)
         return out
 
@@ -225,7 +234,7 @@ class PilotBook:
         return pending, held
 
     # ---- new pilots ---------------------------------------------------------------------------
-    def free_nodes(self, slurm: dict[str, SlurmNode], read_at: float = float("inf")) -> list[str]:
+    def free_nodes(self, slurm: Mapping[str, BatchNode], read_at: float = float("inf")) -> list[str]:
         """Watched nodes Slurm has idle, with no pilot of ours, not just reclaimed by a main job
         and not waiting after failed pilots, in machine order. `read_at`: when `slurm` was asked
         (monotonic): only a read after a reclaim can show the main job on the node."""
@@ -264,18 +273,18 @@ class PilotBook:
             if job is not None:
                 self.pilots.setdefault(job, Pilot(job, node, time.monotonic()))
 
-    def adopt(self, jobs: list[SlurmJob], restarted: bool) -> list[str]:
+    def adopt(self, jobs: list[BatchJob], restarted: bool) -> list[str]:
         """An earlier run's live pilots: after a restart those running on a watched node keep
         it and are waited for; the others are returned, to cancel."""
         now, cancel = time.monotonic(), []
         with self.lock:
             for j in jobs:
-                if self.held.get(j.nodes) == j.id:
+                if self.held.get(j.node) == j.id:
                     continue          # it redialed before the leftovers were read: it holds its node already
-                if restarted and j.state == "RUNNING" and j.nodes in self.watched and j.nodes not in self.held:
-                    self.pilots[j.id] = Pilot(j.id, j.nodes, now, adopted=True)
-                    self.held[j.nodes] = j.id
-                    self.adopted.append(j.nodes)
+                if restarted and j.running and j.node in self.watched and j.node not in self.held:
+                    self.pilots[j.id] = Pilot(j.id, j.node, now, adopted=True)
+                    self.held[j.node] = j.id
+                    self.adopted.append(j.node)
                 else:
                     cancel.append(j.id)
         return cancel
@@ -293,15 +302,15 @@ class PilotBook:
         with self.lock:
             return self.backoff.clear(node)
 
-    def describe(self, slurm: dict[str, SlurmNode], would: Collection[str]) -> dict[str, str]:
-        """Each watched node in words: Slurm's state, our pilot there, its failures."""
+    def describe(self, slurm: Mapping[str, BatchNode], would: Collection[str]) -> dict[str, str]:
+        """Each watched node in words: the scheduler's state, our pilot there, its failures."""
         now, out = time.monotonic(), {}
         with self.lock:
             pilot_on = {p.node: p for p in self.pilots.values()}
             failing = self.backoff.failing()
         for name in self.names:
             n, p, f = slurm.get(name), pilot_on.get(name), failing.get(name)
-            text = f"Slurm: {n.label if n else 'unknown'}"
+            text = f"{self.title}: {n.label if n else 'unknown'}"
             if p is not None:
                 text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else
                                               " of the earlier run, redialing" if p.adopted else " pending")

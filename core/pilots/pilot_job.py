@@ -9,7 +9,7 @@ only way the harvester uses that node, so whatever Slurm does to the pilot happe
      one per rank of its node, each with the job's SLURM_* and the GPUs Slurm bound to the
      pilot (CUDA_VISIBLE_DEVICES and the like: DEVICE_ENV). A job that runs as its owner's
      account (`--run-as`) is started behind the site's launcher (sudo), with those variables
-     named in its `{env}` (core/slurm/runas.py): sudo stays the pilot's child and its command
+     named in its `{env}` (core/pilots/runas.py): sudo stays the pilot's child and its command
      in the pilot's cgroup, so the binding holds; the job's mark (HARVEST_WORKER, kept by the
      launcher) lets a stop find the command, which the launcher runs in a session of its own.
      Starting as another account, signalling its processes and giving it its checkpoint
@@ -50,7 +50,8 @@ from ..transports.base import DEVICE_ENV, Handle, NodeSpec, StartError
 from ..transports.cleanup import ENVIRON
 from ..transports.local import LocalTransport
 from .runas import launch_argv
-from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_ORPHAN, ENV_TOKEN, GIVE, HELLO, KILL, LEAVING,
+from .wire import (ALIVE, ENV_GRACE, ENV_HUB, ENV_HUB_SHA256, ENV_NODE, ENV_ORPHAN, ENV_TOKEN, GIVE, HELLO, KILL, LEAVING,
+                   SCHEDULER_PREFIXES,
                    START, STOP, TAIL, WELCOME, Wire, WrongCertificate, dial)
 
 CONNECT_TRIES_S = 10.0
@@ -72,7 +73,7 @@ class Pilot:
         self.job = job
         self.grace_s = grace_s
         self.hub, self.sha256, self.token, self.orphan_s = hub, sha256, token, orphan_s
-        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=("SLURM_",), inherit=DEVICE_ENV,
+        self.transport = LocalTransport(die_with_parent=True, inherit_prefixes=SCHEDULER_PREFIXES, inherit=DEVICE_ENV,
                                         cleanup=ENVIRON)
         self.handles: dict[tuple[int, str], Handle] = {}
         self.owners: dict[tuple[int, str], dict] = {}    # whose worker each is (WORKER_ENV)
@@ -261,8 +262,8 @@ def connect(hub: str, sha256: str, timeout_s: float = CONNECT_TRIES_S) -> Wire:
 
 def main() -> int:
     hub, sha256, token = (os.environ.get(k, "") for k in (ENV_HUB, ENV_HUB_SHA256, ENV_TOKEN))
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    job = os.environ.get("SLURM_JOB_ID", "")
+    node = os.environ.get(ENV_NODE) or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID", "")
     if not hub or not sha256 or not token:
         log(f"{ENV_HUB}, {ENV_HUB_SHA256} and {ENV_TOKEN} must be set (the harvester submits pilots with them)")
         return 2
