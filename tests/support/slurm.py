@@ -245,7 +245,7 @@ class SlurmCluster:
         return ["--slurm-conf", str(self.conf), *(["--slurm-bin", self.bin] if self.bin else [])]
 
     def slurm_settings(self) -> dict:
-        """The same for SlurmSettings (a harvester built in the test's process)."""
+        """The same for PilotSettings (a harvester built in the test's process)."""
         return {"conf": str(self.conf), "bin_dir": self.bin}
 
     # ---- the daemons -------------------------------------------------------------------------
