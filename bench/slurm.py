@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GOAL_MS = 1000.0
 
 
-def _wait(cond, timeout: float, what: str, period: float = 0.02):
+def wait_for(cond, timeout: float, what: str, period: float = 0.02):
     t0 = time.monotonic()
     while True:
         v = cond()
@@ -65,7 +65,7 @@ def _wait(cond, timeout: float, what: str, period: float = 0.02):
         time.sleep(period)
 
 
-def _held(h: Harvester, job_id: str) -> set[str]:
+def held_by(h: Harvester, job_id: str) -> set[str]:
     snap = h.snapshot
     return {n for n, s, j in zip(snap.nodes, snap.state, snap.job_of) if s == HELD and j == job_id}
 
@@ -94,14 +94,14 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
         job = h.submit(spec, "bench")
 
         def full() -> bool:
-            if len(_held(h, job.id)) < nodes:
+            if len(held_by(h, job.id)) < nodes:
                 return False
             if dispatch != "pilot":
                 return True
             st = h.worker_status(job.id) or {}
             return st.get("nodes") == nodes and st.get("world_size") == nodes * slots and not st.get("regrouping")
 
-        _wait(full, 240, f"the job on all {nodes} nodes")
+        wait_for(full, 240, f"the job on all {nodes} nodes")
         for k in range(repeats):
             with source.book.lock:
                 pilot_of = dict(source.book.held)
@@ -119,7 +119,7 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
                 now = time.monotonic()
                 if now - t0 > 30:
                     raise TimeoutError(f"round {k + 1}: main job or vacate not seen within 30 s")
-                held = _held(h, job.id)
+                held = held_by(h, job.id)
                 for n in pilot_of:
                     if n not in unheld_at and n not in held:
                         unheld_at[n] = now
@@ -144,14 +144,14 @@ def measure(workdir: Path, repeats: int, nodes: int, main_nodes: int, dispatch: 
             out["leave"].append((leave_at - t0) * 1000)
             out["vacated"].append((vacated_at - t0) * 1000)
             out["main"].append((main_at - t0) * 1000)
-            _wait(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING", "PENDING"), 30, "the main job's end", 0.01)
+            wait_for(lambda: cluster.job_state(main) not in ("RUNNING", "COMPLETING", "PENDING"), 30, "the main job's end", 0.01)
             ended = time.monotonic()
-            _wait(lambda: taken <= _held(h, job.id), 60, "the nodes harvested again", 0.01)
+            wait_for(lambda: taken <= held_by(h, job.id), 60, "the nodes harvested again", 0.01)
             out["reharvest"].append((time.monotonic() - ended) * 1000)
             log(f"[bench.slurm] {k + 1}/{repeats}: leave {out['leave'][-1]:.0f} ms, vacated "
                 f"{out['vacated'][-1]:.0f} ms, main job running {out['main'][-1]:.0f} ms, harvested again "
                 f"{out['reharvest'][-1]:.0f} ms after it ended", file=sys.stderr)
-            _wait(full, 240, f"the job back on all {nodes} nodes")
+            wait_for(full, 240, f"the job back on all {nodes} nodes")
         left = processes_with_env(f"HARVEST_JOB={job.id}")
     finally:
         if h is not None:

@@ -90,15 +90,16 @@ class PbsCli:
         """Every vnode, in PBS's order."""
         return self._read("nodes", parse_nodes, ["pbsnodes", "-av", "-F", "json"])
 
-    def jobs(self, name: str, user: str) -> list[PbsJob]:
-        """The live jobs of this name and user (qselect, then qstat for just those)."""
-        for what, value in (("job name", name), ("user name", user)):
+    def jobs(self, name: str, user: str, queue: str) -> list[PbsJob]:
+        """The live jobs of this name and user in `queue`: qselect finds whether there are any
+        (8 ms), then one `qstat -f -F json QUEUE` reads them (given several job ids, 23.06's
+        qstat prints only the first in JSON; one call per id would cost ~200 ms each)."""
+        for what, value in (("job name", name), ("user name", user), ("queue", queue)):
             if not FILTER_VALUE.fullmatch(value):
                 raise ValueError(f"not a PBS {what}: {value!r}")
-        ids = [i for i in self._run(["qselect", "-N", name, "-u", user]).split() if valid_job_id(i)]
-        if not ids:
+        if not [i for i in self._run(["qselect", "-N", name, "-u", user, "-q", queue]).split() if valid_job_id(i)]:
             return []
-        jobs = self._read("jobs", parse_jobs, ["qstat", "-f", "-F", "json", *ids])
+        jobs = self._read("jobs", parse_jobs, ["qstat", "-f", "-F", "json", queue])
         return [j for j in jobs if j.name == name and j.user == user]
 
     def submit(self, options: Sequence[str], argv: Sequence[str], env: Mapping[str, str]) -> str:

@@ -56,7 +56,7 @@ class PbsScheduler(Scheduler):
         return list(self.cli.nodes())
 
     def jobs(self, name: str, user: str) -> list[BatchJob]:
-        return list(self.cli.jobs(name, user))
+        return list(self.cli.jobs(name, user, self.settings.partition))
 
     def submit(self, node: str, known: Optional[BatchNode], script: str, env: Mapping[str, str]) -> str:
         pbs_node = known if isinstance(known, PbsNode) else None
@@ -67,8 +67,8 @@ class PbsScheduler(Scheduler):
         self.cli.cancel(jobs)
 
     def log_path(self, job: str) -> str:
-        """PBS names an output file put in a folder `<job name>.o<sequence number>`."""
-        return f"{self.settings.log_dir}/{self.settings.pilot_name}.o{job.split('.')[0].split('[')[0]}"
+        """PBS names the output of a job whose `-o` is a folder `<job id>.OU` (measured, 23.06)."""
+        return f"{self.settings.log_dir}/{job}.OU"
 
     def watch(self, nodes: list[BatchNode]) -> list[str]:
         """Vnodes that take jobs (ncpus > 0; not a multi-vnode host's natural vnode) and are tied
