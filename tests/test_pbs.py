@@ -21,6 +21,8 @@ import pytest
 
 from tests.support.openpbs import PbsCluster, pbs_cluster  # noqa: F401  (the fixture)
 from tests.support.pace import PaceFile
+from tests.support.ports import free_port
+from tests.support.procs import run_module
 from tests.support.server import ROOT, AppProcess, start_app
 from tests.support.slurm import parent, processes_with_env, steps_into_generation
 from tests.support.waiting import wait
@@ -192,3 +194,16 @@ def test_pilots_that_fail_at_start_back_off_and_say_why(pbs_cluster, tmp_path):
     finally:
         app.stop()
         print(app.output()[-2000:])
+
+
+def test_a_queue_or_vnode_pbs_lacks_is_refused_with_the_option_named(pbs_cluster, tmp_path):
+    pbs = pbs_cluster
+    base = ["--source", "pbs", "--pbs-bin", str(pbs.bin_dir), "--pbs-conf", str(pbs.conf), "--advertise",
+            pbs.head_address, "--db", str(tmp_path / "h.db")]
+    for extra, said in ((["--pbs-queue", "nosuch"], "error: --slurm-partition / --pbs-queue: PBS 23.06.06 has no "
+                                                    "queue 'nosuch' (it has "),
+                        (["--slurm-watch", "vn001,vn999"], "error: --slurm-watch: PBS has no vnode or host named vn999"),
+                        (["--pbs-bin", str(tmp_path)], "error: cannot read PBS: cannot run ")):
+        r = run_module("app", *base, *extra, "--port", str(free_port()), timeout=60)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert not pilots(pbs), "nothing was submitted"
