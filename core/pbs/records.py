@@ -10,7 +10,8 @@ UNREACHABLE = frozenset({"down", "state-unknown", "unresolvable", "stale"})
 BUSY = frozenset({"job-busy", "job-exclusive", "resv-exclusive", "busy"})
 #: job states: R running, E exiting, F finished, X ended (array subjob), S suspended, Q queued,
 #: H held, W waiting, T moving, B array begun, M moved, U user-busy suspended
-ENDED = frozenset({"E", "F", "X", "M"})
+#: ended: finished, or moved away. Not E (exiting): PBS may still requeue an exiting job.
+ENDED = frozenset({"F", "X", "M"})
 
 
 @dataclass(frozen=True)

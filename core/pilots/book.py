@@ -170,11 +170,11 @@ class PilotBook:
             self._cancelled &= live
         return cancel, dropped, left
 
-    def queued_again(self, jobs: Mapping[str, BatchJob]) -> list[str]:
-        """Pilots we cancelled that the scheduler still has waiting (requeued before our delete
-        reached it): to delete again."""
+    def cancelled_alive(self, jobs: Mapping[str, BatchJob]) -> list[str]:
+        """Pilots we cancelled that the scheduler still has (ending, or requeued before our delete
+        reached it: those waiting are deleted again)."""
         with self.lock:
-            return [jid for jid in self._cancelled if jid in jobs and not jobs[jid].running and not jobs[jid].ended]
+            return [jid for jid in self._cancelled if jid in jobs and not jobs[jid].ended]
 
     def _remember_over(self, jobs: Collection[str]) -> None:
         for jid in jobs:

@@ -135,6 +135,7 @@ class PilotSource(LiveNodeSource):
         self.joins = JoinHold(cap_s=JOIN_CAP_TIMEOUTS * s.pending_timeout_s)
         self.stats = PilotStats()
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
+        self._recheck = False   # a pilot we deleted may still be requeued: read the pilots at the next poll
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
         log.info("%s %s: watching %d node(s) of %s %s", self.title, self.version, len(self.book.names),
                  scheduler.queue_word, s.partition)
@@ -250,6 +251,7 @@ class PilotSource(LiveNodeSource):
         if self._stop.is_set():
             return
         if not link.leaving or (self.scheduler.requeues_preempted and not ours):
+            self._recheck = self.scheduler.requeues_preempted   # a delete can race the requeue: look again
             self._cancel_quietly([link.job])   # lost contact, or requeued: make sure the node goes back
 
     def _poke(self) -> None:
@@ -273,7 +275,7 @@ class PilotSource(LiveNodeSource):
             known = {j for j, p in self.book.pilots.items() if p.submitted < asked}
             waiting = any(not p.running for p in self.book.pilots.values())
         read_jobs = not self.settings.dry_run and (
-            waiting or self._status.state != SOURCE_OK or asked - self._squeue_at >= SQUEUE_BACKSTOP_S)
+            waiting or self._recheck or self._status.state != SOURCE_OK or asked - self._squeue_at >= SQUEUE_BACKSTOP_S)
         try:
             nodes = self.scheduler.nodes()
             jobs = self.scheduler.jobs(self.settings.pilot_name, self.user) if read_jobs else None
@@ -294,7 +296,9 @@ class PilotSource(LiveNodeSource):
 
     def _check_pilots(self, jobs: dict, known: set[str]) -> None:
         """The backstop: pilots that ended without a word; and pilots to cancel."""
-        again = self.book.queued_again(jobs) if self.scheduler.requeues_preempted else []
+        lingering = self.book.cancelled_alive(jobs) if self.scheduler.requeues_preempted else []
+        self._recheck = bool(lingering)
+        again = [jid for jid in lingering if not jobs[jid].running]
         cancel, dropped, left = self.book.check(jobs, known, self._slurm)
         cancel += again + [jid for jid in dropped if jobs.get(jid) is not None and jobs[jid].suspended]
         if left:
