@@ -27,7 +27,8 @@ demo: $(VENV)/.runtime
 # Browser tests drive Debian's chromium through Playwright (no browser download needed);
 # the SSH tests start their own sshd on loopback; the run-as tests make a Unix account and use sudo; the Slurm tests their own munged, slurmctld
 # and slurmd, once with Debian 12's Slurm 22.05 and once with Debian 13's 24.11 in a chroot that debootstrap builds on first use and
-# keeps in /var/cache/harvest-tests, and for QOS preemption their own MariaDB and slurmdbd. lint-imports checks the architecture contract (.importlinter).
+# keeps in /var/cache/harvest-tests, and for QOS preemption their own MariaDB and slurmdbd; the PBS tests their own OpenPBS daemons
+# in a network namespace, OpenPBS built once from ../shared/vendor into /var/cache/harvest-tests (minutes, the first time). lint-imports checks the architecture contract (.importlinter).
 test: $(VENV)/.dev
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
@@ -36,6 +37,7 @@ test: $(VENV)/.dev
 	@test -x /usr/sbin/slurmctld || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
 	@test -x /usr/sbin/debootstrap || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 	@test -x /usr/sbin/slurmdbd -a -x /usr/sbin/mariadbd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server slurmdbd >/dev/null; }
+	$(PY) -m tests.support.openpbs build >/dev/null
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadscope
 

@@ -17,6 +17,7 @@ import pytest
 from tests.support.browser import browser  # noqa: F401  (one headless Chromium per module that asks)
 from tests.support.files import write_jobset, write_trace
 from tests.support.netns import netns_cluster  # noqa: F401  (3 hosts in network namespaces, per module that asks)
+from tests.support.openpbs import pbs_cluster  # noqa: F401  (an OpenPBS with 8 vnodes in a namespace, per module that asks)
 from tests.support.sshd import sshd_server  # noqa: F401  (one loopback sshd per session, for every module)
 
 
@@ -41,10 +42,10 @@ def small_jobs(tmp_path: Path) -> Path:
     ])
 
 
-#: modules that start Slurm daemons, make network namespaces or Unix accounts: one at a time
+#: modules that start Slurm or PBS daemons, make network namespaces or Unix accounts: one at a time
 HOST_GROUP = "host"
-_USES_HOST = re.compile(r"tests\.support\.(slurm|netns|accounts|slurm_accounting|slurm_chroot|slurm_init)\b"
-                        r"|netns_cluster|unix_account|bench\.(facility|preemption|slurm|faults)\b")
+_USES_HOST = re.compile(r"tests\.support\.(slurm|netns|accounts|slurm_accounting|slurm_chroot|slurm_init|openpbs|record_pbs)\b"
+                        r"|netns_cluster|pbs_cluster|unix_account|bench\.(facility|preemption|slurm|faults|pbs)\b")
 _host_modules: dict[Path, bool] = {}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -99,9 +100,10 @@ def test_stopping_leaves_no_process_namespace_or_file(tmp_path: Path) -> None:
         pids = pbs.daemon_pids()
         ns = pbs.netns
         assert set(pids) == {"pbs_server", "pbs_sched", "pbs_mom", "pbs_comm", "postgres"}
+        exits = [os.pidfd_open(pid) for pid in pids.values()]  # readable once the process is gone
         assert (NETNS_ETC / ns / "hosts").exists()
     assert ns not in namespaces()
     assert not netns_pids(ns)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in pids.values())
+    assert all(select.select([fd], [], [], 0)[0] for fd in exits)
     assert not (NETNS_ETC / ns).exists()
     assert pbs.leftovers() == []

@@ -207,3 +207,29 @@ def test_a_queue_or_vnode_pbs_lacks_is_refused_with_the_option_named(pbs_cluster
         r = run_module("app", *base, *extra, "--port", str(free_port()), timeout=60)
         assert r.returncode == 2 and said in r.stderr, r.stderr
     assert not pilots(pbs), "nothing was submitted"
+
+
+def test_a_pilot_suspended_for_a_main_job_gives_its_vnode_back_and_is_ended(tmp_path):
+    """preempt_order "S": PBS stops the pilot with SIGSTOP, which it cannot catch or report. The
+    harvester reads it suspended at its next poll: the vnode leaves the job, and the pilot is
+    deleted with `qdel -W force` (a plain qdel leaves its processes stopped for ever)."""
+    pace = PaceFile(tmp_path, 0.2)
+    with PbsCluster(tmp_path / "pbs", vnodes=2, preempt_order="S") as pbs:
+        app = start_app(tmp_path / "app", *app_args(pbs, tmp_path, ["vn001", "vn002"]))
+        try:
+            jid = register(app, "digits under suspension", 2, pace)
+            wait(on(app, jid, 2), 150, "the job training on 2 vnodes", lambda: workers_of(app, jid))
+            victim = {v: j for j, v in pilots(pbs, "R").items()}["vn002"]
+            procs = processes_with_env(f"PBS_JOBID={victim}")
+            assert procs
+            main = pbs.submit_main("vn002", 30)
+            pbs.wait_job(main, "R", 30)
+            wait(lambda: on(app, jid, 1)(), 60, "the job shrunk to 1", lambda: workers_of(app, jid))
+            wait(lambda: victim not in pilots(pbs, "RQS"), 20, "the suspended pilot ended", lambda: pilots(pbs, "RQS"))
+            wait(lambda: not processes_with_env(f"PBS_JOBID={victim}"), 20, "no stopped process of it left",
+                 lambda: processes_with_env(f"PBS_JOBID={victim}"))
+            step = workers_of(app, jid)["committed_step"]
+            wait(lambda: workers_of(app, jid)["committed_step"] > step + 5, 60, "training on 1 vnode")
+        finally:
+            app.stop()
+            print(app.output()[-3000:])

@@ -113,12 +113,12 @@ class PbsCli:
             raise PbsUnavailable(f"qsub printed {job[:100]!r}, not a job id")
         return job
 
-    def cancel(self, jobs: Sequence[str]) -> None:
-        """qdel these jobs; BadJobId (and nothing deleted) if any is not a job id. A job that is
-        over already is no error."""
+    def cancel(self, jobs: Sequence[str], force: bool = False) -> None:
+        """qdel these jobs (`-W force` with `force`); BadJobId (and nothing deleted) if any is not
+        a job id. A job that is over already is no error."""
         if not jobs:
             return
-        r = self._call(["qdel", *check_job_ids(jobs)])
+        r = self._call(["qdel", *(["-W", "force"] if force else []), *check_job_ids(jobs)])
         errors = [ln for ln in r.stderr.strip().splitlines() if ln.strip() and not any(g in ln for g in GONE)]
         if r.returncode != 0 and errors:
             raise PbsUnavailable(f"qdel: {errors[-1]}")

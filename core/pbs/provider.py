@@ -66,6 +66,11 @@ class PbsScheduler(Scheduler):
     def cancel(self, jobs: Sequence[str]) -> None:
         self.cli.cancel(jobs)
 
+    def cancel_suspended(self, jobs: Sequence[str]) -> None:
+        """`qdel -W force`: a plain qdel ends a suspended job in PBS's books but leaves its
+        processes stopped for ever (measured on 23.06)."""
+        self.cli.cancel(jobs, force=True)
+
     def log_path(self, job: str) -> str:
         """PBS names the output of a job whose `-o` is a folder `<job id>.OU` (measured, 23.06)."""
         return f"{self.settings.log_dir}/{job}.OU"

@@ -116,6 +116,10 @@ class Scheduler(ABC):
     def cancel(self, jobs: Sequence[str]) -> None:
         """Cancel these pilots; BadJobId (and nothing cancelled) if any is not a job id."""
 
+    def cancel_suspended(self, jobs: Sequence[str]) -> None:
+        """Cancel pilots the scheduler suspended for a main job (they cannot leave by themselves)."""
+        self.cancel(jobs)
+
     def log_path(self, job: str) -> str:
         """Where this pilot's output goes (`settings.log_dir`), read for its last words when it failed."""
         return script.log_path(self.settings, job)

@@ -300,7 +300,12 @@ class PilotSource(LiveNodeSource):
         self._recheck = bool(lingering)
         again = [jid for jid in lingering if not jobs[jid].running]
         cancel, dropped, left = self.book.check(jobs, known, self._slurm)
-        cancel += again + [jid for jid in dropped if jobs.get(jid) is not None and jobs[jid].suspended]
+        cancel += again
+        suspended = [jid for jid in dropped if jobs.get(jid) is not None and jobs[jid].suspended]
+        if suspended:
+            log.info("pilot(s) %s suspended by %s for a main job: their nodes leave, the pilots are cancelled",
+                     ", ".join(suspended), self.title)
+            self._cancel_quietly(suspended, suspended=True)
         if left:
             self._poke()
         for jid in dropped:           # Slurm says it is over: if it is still connected, hang up
@@ -385,10 +390,10 @@ class PilotSource(LiveNodeSource):
             log.info("cancelling %d pilot(s) of an earlier run that hold no node: %s", len(cancel), ", ".join(cancel))
             self._cancel_quietly(cancel)
 
-    def _cancel_quietly(self, jobs: list[str]) -> None:
+    def _cancel_quietly(self, jobs: list[str], suspended: bool = False) -> None:
         self.book.cancelling(jobs)
         try:
-            self.scheduler.cancel(jobs)
+            (self.scheduler.cancel_suspended if suspended else self.scheduler.cancel)(jobs)
         except (SchedulerUnavailable, BadJobId) as e:
             log.warning("could not cancel %s: %s", ", ".join(jobs), e)
         else:
