@@ -93,6 +93,7 @@ def test_junk_keys_in_a_jobs_store_cost_the_harvester_nothing_and_are_removed(tm
         host, _, port = environ_of(worker_pid(attacked, "local-0") or worker_pid(attacked, "local-1"))[
             "HARVEST_STORE"].rpartition(":")
         rss0, before = _rss_mb(app.proc.pid), (step(attacked), step(other))
+        store0 = _rss_mb(_listener(int(port)))
         junk = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=10))
         namespace = next(k.split("/")[0] for k in junk.list_keys() if k.startswith("job-"))
         blob = os.urandom(8 << 20)
@@ -106,7 +107,9 @@ def test_junk_keys_in_a_jobs_store_cost_the_harvester_nothing_and_are_removed(tm
         wait(lambda: step(attacked) > before[0] + 20 and step(other) > before[1] + 20, 30,
              "both jobs training on")
         assert _rss_mb(app.proc.pid) - rss0 < 50, (rss0, _rss_mb(app.proc.pid))
-        assert _rss_mb(_listener(int(port))) < 512
+        # the junk's memory goes back to the system once deleted (malloc_trim): without it the
+        # store kept 130-360 MB of freed values, more the more loaded the machine
+        assert _rss_mb(_listener(int(port))) < min(512, store0 + 100), (store0, _rss_mb(_listener(int(port))))
         wait(lambda: any(k == "job_trouble" and "key(s) that were not the job's" in d
                          for k, d in _events(app.db, attacked)), 10, "the removal said in the job's events")
         assert not any(k == "job_trouble" for k, _ in _events(app.db, other))
