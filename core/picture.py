@@ -43,7 +43,8 @@ def picture(ctl: "Controller", status: str, seq: int, source_status: Optional[di
                      "total_samples": job.total_samples, "progress": done / job.total_samples,
                      "eta": eta, "submit_time": job.submit_time, "start_time": job.start_time,
                      "end_time": job.end_time,
-                     "confidence": advisor.confidence(job.id) if advisor is not None else "given",
+                     "confidence": (advisor.confidence(job.id) or ("given" if job.given_curve else "prior"))
+                     if advisor is not None else "given",     # never profiled: nothing measured shaped its curve
                      **quota.lines(job.owner, job.state.finished, held_by)})
     for job in ctl.submitted.values():
         jobs.append({"id": job.id, "name": job.name, "owner": job.owner, "state": "queued",
