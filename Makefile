@@ -48,6 +48,7 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.rescale
 	$(PY) -m bench.vacate
 	$(PY) -m bench.slurm
+	$(PY) -m bench.pbs
 	$(PY) -m bench.facility
 	$(PY) -m bench.preemption
 	$(PY) -m bench.jpa

@@ -1,4 +1,4 @@
-"""The benchmarks of `make bench` that start a test Slurm, in their quick mode: apart from
+"""The benchmarks of `make bench` that start a test Slurm or OpenPBS, in their quick mode: apart from
 tests/test_bench_quick.py because they share this host's Slurm resources, and so run with the
 other Slurm tests one at a time (tests/conftest.py)."""
 from __future__ import annotations
@@ -19,3 +19,10 @@ def test_preemption_times_a_pair_of_main_jobs_on_a_real_slurm():
     assert row["free_ms_p50"] > 0 and row["preempted_ms_p50"] > 0
     # Each figure is rounded to 0.1 ms on its own, so the difference may be off by one in the last place.
     assert abs(row["added_ms_p50"] - (row["preempted_ms_p50"] - row["free_ms_p50"])) <= 0.11
+
+
+def test_pbs_gives_vnodes_back_to_a_real_openpbs():
+    out = last_json(run_module("bench.pbs", "--quick", "--json", timeout=400))
+    assert out["rounds"] == 2 and out["nodes"] == 2 and out["dispatch"] == "pilot"
+    assert 0 < out["signal_ms_p50"] < out["vacate_ms_p50"] and out["harvester_share_ms_p50"] > 0
+    assert out["main_start_ms_p50"] > 0 and out["reharvest_ms_p50"] > 0
