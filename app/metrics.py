@@ -151,8 +151,8 @@ def pilot_counters():
     if stats is None:
         return
     s = stats.snapshot()
-    c = CounterMetricFamily("harvest_slurm_pilots", "Pilot jobs by what happened to them: submitted with "
-                            "sbatch, cancelled by the harvester, preempted by Slurm, lost without a word",
+    c = CounterMetricFamily("harvest_slurm_pilots", "Pilot jobs (Slurm or PBS) by what happened to them: "
+                            "submitted, cancelled by the harvester, preempted by the scheduler, lost without a word",
                             labels=["outcome"])
     for outcome, n in s["counts"].items():
         c.add_metric([outcome], n)
@@ -163,8 +163,8 @@ def pilot_counters():
     g = GaugeMetricFamily("harvest_slurm_hub_connections_peak", "Most pilots connected at once since the start")
     g.add_metric([], s["peak_connections"])
     yield g
-    hist = HistogramMetricFamily("harvest_slurm_vacate_seconds", "From Slurm's signal to a pilot until it "
-                                 "is gone from the hub, its workers stopped")
+    hist = HistogramMetricFamily("harvest_slurm_vacate_seconds", "From the scheduler's signal to a pilot "
+                                 "until it is gone from the hub, its workers stopped")
     hist.add_metric([], [("+Inf" if b == float("inf") else repr(b), n) for b, n in s["vacate_buckets"]],
                     s["vacate_sum_s"])
     yield hist

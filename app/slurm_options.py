@@ -24,7 +24,8 @@ OPTIONS = {"partition": "--slurm-partition / --pbs-queue", "qos": "--slurm-qos",
 
 def add_options(ap: argparse.ArgumentParser) -> None:
     d = PilotSettings()
-    g = ap.add_argument_group("Slurm (with --source slurm: idle nodes held by preemptible pilot jobs)")
+    g = ap.add_argument_group("Slurm (with --source slurm: idle nodes held by preemptible pilot jobs)",
+                              "The pilot options apply to --source pbs too.")
     g.add_argument("--slurm-partition", metavar="NAME", default=d.partition,
                    help=f"partition of the pilots, one Slurm preempts (default {d.partition})")
     g.add_argument("--slurm-qos", metavar="NAME", default="", help="QOS of the pilots (sites that preempt by QOS)")

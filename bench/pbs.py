@@ -1,7 +1,7 @@
 """Giving vnodes back to a real OpenPBS: how fast the harvester gets off the vnode a main job needs.
 
     python -m bench.pbs [--json] [--repeats 20] [--nodes 4] [--dispatch pilot|simulated]
-                        [--grace S] [--keep DIR] [--quick]
+                        [--grace S] [--default-poll] [--keep DIR] [--quick]
 
 Starts the test OpenPBS (tests/support/openpbs.py: pbs_comm, pbs_server, pbs_sched and one MoM
 with `--nodes` vnodes in a network namespace of its own; queue `main` (priority 200) preempts
@@ -16,7 +16,12 @@ sleep 1`), and times, from each qsub:
   left there (the pilot process and the workers it hosted: /proc read every 2 ms);
 - harvester's share: SIGTERM -> pilot and workers gone (the part that is the harvester's);
 - main start: until `qselect -s R` lists the main job;
-- re-harvest: from the main job's end until a new pilot holds the vnode again.
+- re-harvest: from the main job's end until a new pilot holds the vnode again;
+- PBS's floor: the same qsub on a vnode no pilot holds (one more vnode, not harvested), until
+  it runs: what a main job's start costs without the harvester.
+
+`--default-poll` leaves the MoM at PBS's default poll instead of the `$min_check_poll 1`,
+`$max_check_poll 2` that docs/operators/pbs.md advises.
 
 Before each round every pilot is at least 11 s old: PBS's MoM does not reap a job younger than
 10 s sooner, so a round on a fresh pilot would measure that rule, not the harvester or the site's
@@ -65,19 +70,30 @@ def _pilots_old_enough(source) -> bool:
     return bool(hellos) and time.monotonic() - max(hellos) >= PILOT_AGE_S
 
 
+def _floor(pbs: PbsCluster, vnode: str) -> float:
+    """ms from a main job's qsub on a vnode no pilot holds until it runs (it is gone at return)."""
+    t0 = time.monotonic()
+    job = pbs.submit("main", vnode, ["/bin/sleep", "0.1"], name="floor")
+    wait_for(lambda: _running(pbs, job) or _ended(pbs, job), 30, "the floor job running", 0.002)
+    ms = (time.monotonic() - t0) * 1000
+    wait_for(lambda: _ended(pbs, job), 30, "the floor job's end", 0.05)
+    return ms
+
+
 def measure(workdir: Path, repeats: int, nodes: int, dispatch: str,
-            grace_s: float = PilotSettings.worker_grace_s, log=print) -> dict:
-    out: dict[str, list[float]] = {"signal": [], "vacate": [], "share": [], "main": [], "reharvest": []}
+            grace_s: float = PilotSettings.worker_grace_s, log=print, fast_poll: bool = True) -> dict:
+    out: dict[str, list[float]] = {"signal": [], "vacate": [], "share": [], "main": [], "reharvest": [], "floor": []}
     rng = random.Random(6)
     h = None
-    with PbsCluster(workdir / "pbs", vnodes=nodes) as pbs:
+    with PbsCluster(workdir / "pbs", vnodes=nodes + 1, fast_poll=fast_poll) as pbs:
+        spare = pbs.vnodes[-1]
         try:
             (workdir / "pilots").mkdir()
             h = build(HarvesterSettings.parse({"db": workdir / "harvest.db", "live": {
                 "source": "pbs", "dispatch": dispatch, "workdir": str(ROOT), "profiler": False,
                 "trust_user_commands": True, "advertise": pbs.head_address, "config": {"tfwd": 600},
                 "slurm": {"conf": str(pbs.conf), "bin_dir": str(pbs.bin_dir), "log_dir": str(workdir / "pilots"),
-                          "worker_grace_s": grace_s}}}))
+                          "worker_grace_s": grace_s, "watch": tuple(pbs.vnodes[:-1])}}}))
             h.open()
             source = h.source
             spec = JobSpec(name="bench", min_nodes=1, max_nodes=nodes, total_samples=64 * 10**8,
@@ -98,6 +114,7 @@ def measure(workdir: Path, repeats: int, nodes: int, dispatch: str,
             for k in range(repeats):
                 wait_for(full, 240, f"the job on all {nodes} vnodes")
                 wait_for(lambda: _pilots_old_enough(source), 60, "pilots at least 11 s old", 0.1)
+                out["floor"].append(_floor(pbs, spare))
                 with source.book.lock:
                     pilot_of = dict(source.book.held)
                 vnode = rng.choice(sorted(pilot_of))
@@ -147,6 +164,7 @@ def measure(workdir: Path, repeats: int, nodes: int, dispatch: str,
             "harvester_share_ms_p50": p("share", 0.5), "harvester_share_ms_p95": p("share", 0.95),
             "main_start_ms_p50": p("main", 0.5), "main_start_ms_p95": p("main", 0.95),
             "reharvest_ms_p50": p("reharvest", 0.5), "reharvest_ms_p95": p("reharvest", 0.95),
+            "floor_ms_p50": p("floor", 0.5), "floor_ms_p95": p("floor", 0.95), "mom_poll": "1-2 s" if fast_poll else "default",
             "nodes": nodes, "dispatch": dispatch, "worker_grace_s": grace_s, "pbs": version}
 
 
@@ -159,6 +177,8 @@ def main(argv=None) -> int:
                     help="real workers inside the pilots, or simulated progress (default pilot)")
     ap.add_argument("--grace", type=float, default=PilotSettings.worker_grace_s,
                     help="seconds a preempted pilot gives its worker between SIGTERM and SIGKILL")
+    ap.add_argument("--default-poll", action="store_true",
+                    help="leave the MoM at PBS's default poll (not $min_check_poll 1 / $max_check_poll 2)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="run in this new folder and keep it (PBS's logs, the pilots' output, the store)")
     ap.add_argument("--quick", action="store_true", help="2 main jobs on 2 vnodes: does every step still work")
@@ -170,18 +190,19 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=False)
-        r = measure(args.keep, args.repeats, args.nodes, args.dispatch, args.grace)
+        r = measure(args.keep, args.repeats, args.nodes, args.dispatch, args.grace, fast_poll=not args.default_poll)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-pbs-") as tmp:
-            r = measure(Path(tmp), args.repeats, args.nodes, args.dispatch, args.grace)
+            r = measure(Path(tmp), args.repeats, args.nodes, args.dispatch, args.grace, fast_poll=not args.default_poll)
     print(f"{r['pbs']}: {r['rounds']} main jobs of 1 vnode on {args.nodes} harvested vnodes ({args.dispatch} "
-          f"workers, worker grace {args.grace:g} s; kill_delay 2, MoM poll 1-2 s, preempt_order R)")
+          f"workers, worker grace {args.grace:g} s; kill_delay 2, MoM poll {r['mom_poll']}, preempt_order R)")
     print(f"{'from the main job qsub to':<58} {'p50 ms':>8} {'p95 ms':>8} {'goal':>10}")
     print(f"{'the pilot signalled (SIGTERM)':<58} {r['signal_ms_p50']:>8} {r['signal_ms_p95']:>8}")
     print(f"{'the vnode vacated (leave handled, pilot and workers gone)':<58} {r['vacate_ms_p50']:>8} {r['vacate_ms_p95']:>8}")
     print(f"{'  of which harvester: SIGTERM -> vacated':<58} {r['harvester_share_ms_p50']:>8} "
           f"{r['harvester_share_ms_p95']:>8} {'<= 150':>10}")
     print(f"{'the main job running':<58} {r['main_start_ms_p50']:>8} {r['main_start_ms_p95']:>8}")
+    print(f"{'  PBS alone: the same qsub on a vnode no pilot holds':<58} {r['floor_ms_p50']:>8} {r['floor_ms_p95']:>8}")
     print(f"{'main job end -> its vnode harvested again':<58} {r['reharvest_ms_p50']:>8} {r['reharvest_ms_p95']:>8}")
     if args.json:
         print(json.dumps(r))

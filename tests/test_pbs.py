@@ -233,3 +233,43 @@ def test_a_pilot_suspended_for_a_main_job_gives_its_vnode_back_and_is_ended(tmp_
         finally:
             app.stop()
             print(app.output()[-3000:])
+
+
+def test_a_gpu_vnode_runs_a_rank_per_gpu_and_its_pilot_asks_for_them(pbs_cluster, tmp_path):
+    """vn007 and vn008 have `ngpus = 2`: the source gives them 2 slots, each pilot asks PBS for the
+    vnode's 2 GPUs (its exec_vnode says so), and a worker the pilot starts carries the pilot's PBS
+    job, not its token. (This OpenPBS has no cgroup hook, so PBS sets no CUDA_VISIBLE_DEVICES: the
+    pilot hands on whatever device variables it got, which tests/test_slurm_gpus.py checks on Slurm.)"""
+    from core.assemble import build
+    from core.pilots.transport import PilotTransport
+    from core.schemas import JobSpec
+    from core.settings import HarvesterSettings
+    from core.transports.base import NodeSpec
+    from tests.support.procs import environ_of
+    pbs = pbs_cluster
+    h = build(HarvesterSettings.parse({"db": tmp_path / "h.db", "tick_s": 0.2, "live": {
+        "source": "pbs", "dispatch": "simulated", "advertise": pbs.head_address, "config": {"tfwd": 600},
+        "slurm": {"conf": str(pbs.conf), "bin_dir": str(pbs.bin_dir), "watch": ("vn007", "vn008")}}}))
+    h.open()
+    try:
+        assert [h.source.slots_of(n) for n in ("vn007", "vn008")] == [2, 2]
+        h.submit(JobSpec(name="sim", min_nodes=1, max_nodes=2, total_samples=1e12, curve="1:100, 2:200",
+                         scale_up_seconds=0, scale_down_seconds=0), "alice")
+        wait(lambda: h.snapshot.kpis["idle"] == 2, 60, "pilots on vn007 and vn008")
+        held = pilots(pbs, "R")
+        jobs = pbs.jobs_json()["Jobs"]
+        assert {jobs[j]["exec_vnode"] for j in held} == {"(vn007:ncpus=1:ngpus=2)", "(vn008:ncpus=1:ngpus=2)"}, jobs
+        pilot7 = {v: j for j, v in held.items()}["vn007"]
+        transport = PilotTransport(h.source.hub)
+        handle = transport.start(NodeSpec("vn007", slots=2), [sys.executable, "-c", "import time; time.sleep(60)"],
+                                 {"HARVEST_PROBE": "pbs"}, "", str(tmp_path / "probe.log"))
+        try:
+            env = environ_of(wait(lambda: list(processes_with_env("HARVEST_PROBE=pbs")), 15, "the worker")[0])
+            assert env["PBS_JOBID"] == pilot7
+            assert not [k for k in env if k.startswith("HARVEST_PILOT_")], "the pilot's token stays its own"
+        finally:
+            transport.stop(handle, 1.0)
+    finally:
+        h.close()
+    wait(lambda: not processes_with_env("HARVEST_PROBE=pbs"), 10, "the probe worker gone")
+    wait(lambda: not pilots(pbs), 30, "no pilot left", lambda: pilots(pbs))

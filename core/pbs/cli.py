@@ -6,12 +6,11 @@ PbsUnreadable naming PBS's version. Job ids can come from a pilot's hello (input
 network): every id is checked (`JOB_ID`) before it reaches a command line."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
 from ..pilots.base import BadJobId, SchedulerUnavailable, SchedulerUnreadable
+from ..pilots.commands import Commands
 from .parse import Unreadable, parse_jobs, parse_nodes, parse_version
 from .records import PbsJob, PbsNode
 
@@ -43,31 +42,15 @@ def check_job_ids(jobs: Sequence[str]) -> list[str]:
     return list(jobs)
 
 
-class PbsCli:
+class PbsCli(Commands):
     """`conf`: the pbs.conf to use (PBS_CONF_FILE), else the site default; `bin_dir`: the folder
     of PBS's commands, else PATH."""
 
+    unavailable = PbsUnavailable
+
     def __init__(self, conf: str = "", timeout_s: float = 5.0, bin_dir: str = "") -> None:
-        self.env = {**os.environ, **({"PBS_CONF_FILE": conf} if conf else {})}
-        self.timeout_s = timeout_s
-        self.bin_dir = bin_dir
+        super().__init__({"PBS_CONF_FILE": conf} if conf else {}, timeout_s, bin_dir)
         self._version: Optional[str] = None
-
-    def _call(self, argv: Sequence[str]) -> subprocess.CompletedProcess:
-        cmd = [os.path.join(self.bin_dir, argv[0]) if self.bin_dir else argv[0], *argv[1:]]
-        try:
-            return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise PbsUnavailable(f"{argv[0]} did not answer within {self.timeout_s:g} s") from None
-        except OSError as e:
-            raise PbsUnavailable(f"cannot run {cmd[0]}: {e.strerror or e}") from e
-
-    def _run(self, argv: Sequence[str]) -> str:
-        r = self._call(argv)
-        if r.returncode != 0:
-            err = r.stderr.strip().splitlines()
-            raise PbsUnavailable(f"{argv[0]}: {err[-1] if err else f'exit status {r.returncode}'}")
-        return r.stdout
 
     def version(self) -> str:
         """PBS's version (`qstat --version`, asked once)."""

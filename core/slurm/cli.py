@@ -9,12 +9,11 @@ scancel or squeue as an option (`--me` would cancel every job of the harvester's
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
 from ..pilots.base import BadJobId, SchedulerUnavailable, SchedulerUnreadable
+from ..pilots.commands import Commands
 from .parse import (SINFO_FORMAT, SQUEUE_FORMAT, SlurmVersion, Unreadable, check_version, parse_jobs,
                     parse_nodes, parse_version)
 from .records import SlurmJob, SlurmNode, gpu_count
@@ -51,30 +50,15 @@ class SlurmUnreadable(SlurmUnavailable, SchedulerUnreadable):
     supports, or output it does not parse); the message names the version."""
 
 
-class SlurmCli:
+class SlurmCli(Commands):
     """`conf`: the slurm.conf to use (SLURM_CONF), else the site default; `bin_dir`: the folder
     of Slurm's commands, else PATH."""
 
-    def __init__(self, conf: str = "", timeout_s: float = 5.0, bin_dir: str = "") -> None:
-        self.env = {**os.environ, **({"SLURM_CONF": conf} if conf else {})}
-        self.timeout_s = timeout_s
-        self.bin_dir = bin_dir
-        self._version: Optional[SlurmVersion] = None
+    unavailable = SlurmUnavailable
 
-    def _run(self, argv: Sequence[str], stdin: Optional[str] = None,
-             env: Optional[Mapping[str, str]] = None) -> str:
-        cmd = [os.path.join(self.bin_dir, argv[0]) if self.bin_dir else argv[0], *argv[1:]]
-        try:
-            r = subprocess.run(cmd, env={**self.env, **(env or {})}, input=stdin,
-                               capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise SlurmUnavailable(f"{argv[0]} did not answer within {self.timeout_s:g} s") from None
-        except OSError as e:
-            raise SlurmUnavailable(f"cannot run {cmd[0]}: {e.strerror or e}") from e
-        if r.returncode != 0:
-            err = r.stderr.strip().splitlines()
-            raise SlurmUnavailable(f"{argv[0]}: {err[-1] if err else f'exit status {r.returncode}'}")
-        return r.stdout
+    def __init__(self, conf: str = "", timeout_s: float = 5.0, bin_dir: str = "") -> None:
+        super().__init__({"SLURM_CONF": conf} if conf else {}, timeout_s, bin_dir)
+        self._version: Optional[SlurmVersion] = None
 
     def version(self) -> SlurmVersion:
         """Slurm's version (`sinfo --version`, asked once); SlurmUnreadable if older than supported."""

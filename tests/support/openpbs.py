@@ -57,7 +57,9 @@ COMMANDS = ("qsub", "qdel", "qstat", "pbsnodes", "qselect", "qmgr", "qrls", "qsi
 LOCKS = (("pbs_server", "server_priv/server.lock"), ("pbs_sched", "sched_priv/sched.lock"),
          ("pbs_mom", "mom_priv/mom.lock"), ("pbs_comm", "server_priv/comm.lock"))
 START_TIMEOUT_S = 120
-MOM_CONFIG = "$usecp *:/ /\n$min_check_poll 1\n$max_check_poll 2\n"
+MOM_CONFIG = "$usecp *:/ /\n"
+#: the MoM's poll as docs/operators/pbs.md advises (`fast_poll=False`: PBS's default, 10 s and more)
+FAST_POLL = "$min_check_poll 1\n$max_check_poll 2\n"
 
 #: run by `ip netns exec`, in the namespace's private mount namespace: the datastore's socket
 #: folder becomes the cluster's own tmpfs, PBS_HOME is made (pbs_postinstall with the cluster's
@@ -166,12 +168,14 @@ class PbsCluster:
     manager: leaving it stops everything and removes what it made."""
 
     def __init__(self, workdir: Path, vnodes: int = 8, pilot_queue: str = "scavenger",
-                 extra: Optional[Mapping[str, Mapping[str, object]]] = None, preempt_order: str = "R") -> None:
+                 extra: Optional[Mapping[str, Mapping[str, object]]] = None, preempt_order: str = "R",
+                 fast_poll: bool = True) -> None:
         self.workdir = workdir
         self.vnodes = [vnode_name(i) for i in range(1, vnodes + 1)]
         self.pilot_queue = pilot_queue
         self.extra = dict(extra or {})
         self.preempt_order = preempt_order
+        self.fast_poll = fast_poll
         self.home: Optional[Path] = None
         self.conf = workdir / "pbs.conf"
         self.bin_dir = workdir / "bin"
@@ -245,7 +249,7 @@ class PbsCluster:
             "PBS_START_MOM": 1, "PBS_EXEC": self.exec_dir, "PBS_HOME": self.home, "PBS_CORE_LIMIT": "unlimited",
             "PBS_SCP": "/usr/bin/scp", "PBS_SERVER_HOST_NAME": SERVER, "PBS_LEAF_NAME": SERVER,
             "PBS_COMM_NAME": SERVER, "PBS_MOM_NODE_NAME": SERVER, "PBS_TMPDIR": tmp}.items()))
-        (self.workdir / "mom_config").write_text(MOM_CONFIG)
+        (self.workdir / "mom_config").write_text(MOM_CONFIG + (FAST_POLL if self.fast_poll else ""))
         (self.workdir / "vnodes.conf").write_text(vnodes_file(len(self.vnodes), self.extra))
 
     def _sched_extra(self) -> str:
