@@ -32,8 +32,7 @@ OVER_KEEP = 4096
 class PilotBook:
     def __init__(self, settings: PilotSettings, names: list[str], title: str = "Slurm",
                  log_of: Optional[Callable[[str], str]] = None) -> None:
-        """`title`: the scheduler's name in what the book says; `log_of`: a pilot's log file
-        from its job id (the scheduler names it), where it can be read for its last words."""
+        """`title`: the scheduler's name; `log_of`: a pilot's log file from its job id."""
         self.settings = s = settings
         self.title = title
         self.log_of = log_of or (lambda job: script.log_path(s, job))
@@ -171,8 +170,7 @@ class PilotBook:
         return cancel, dropped, left
 
     def cancelled_alive(self, jobs: Mapping[str, BatchJob]) -> list[str]:
-        """Pilots we cancelled that the scheduler still has (ending, or requeued before our delete
-        reached it: those waiting are deleted again)."""
+        """Pilots we cancelled that the scheduler still has (ending, or requeued under our delete)."""
         with self.lock:
             return [jid for jid in self._cancelled if jid in jobs and not jobs[jid].ended]
 
