@@ -156,7 +156,7 @@ def test_a_node_slurm_took_back_gets_no_pilot_until_the_main_job_is_seen_on_it(t
     """Between a preempted pilot's end and the main job's start sinfo shows the node idle: a pilot
     sent then waits behind the main job only to be cancelled (bench.facility saw 11-25 such on
     128 nodes). Our own cancels and nodes Slurm never gives away are not held for long."""
-    from core.slurm import book as book_module
+    from core.pilots import book as book_module
     b = book_with(tmp_path, {"31": "node1", "32": "node2"})
     for job, node in (("31", "node1"), ("32", "node2")):
         assert b.hello(link(job, node)) == "join"
