@@ -118,7 +118,7 @@ def test_file_env_and_flag_each_shown_from_its_source_and_in_force(tmp_path):
     ("[replay]\nhours = -1\n", "{f}: replay.hours: must be positive"),
     ("max_jobs = 0\n", "{f}: max_jobs: must be a whole number of at least 1"),
     ("tfwd = \"soon\"\n", "{f}: tfwd: give seconds or auto, not 'soon'"),
-    ("source = \"slrum\"\n", "{f}: source: Input should be 'static' or 'slurm'"),
+    ("source = \"slrum\"\n", "{f}: source: Input should be 'static', 'slurm' or 'pbs'"),
     ("dispatch = \"local\"\n", "{f}: local_nodes: live mode needs local_nodes N or nodes FILE"),
     ("dispatch = \"local\"\nlocal_nodes = 2\n[live]\nlocal_slots = 0\n", "{f}: live.local_slots: must be a whole"),
     ("[webb]\nthreads = 2\n", "{f}: [webb]: unknown table"),

@@ -46,7 +46,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pytest
 
 from tests.support.netns import NETNS_RUN_DIR, OURS, NetnsCluster, alive
-from tests.support.openpbs_build import CACHE, VERSION, ensure_openpbs, fail
+from tests.support.openpbs_build import CACHE, VERSION, ensure_openpbs, fail, log
 
 SERVER = "pbshead"
 NETNS_ETC = Path("/etc/netns")
@@ -57,6 +57,9 @@ COMMANDS = ("qsub", "qdel", "qstat", "pbsnodes", "qselect", "qmgr", "qrls", "qsi
 LOCKS = (("pbs_server", "server_priv/server.lock"), ("pbs_sched", "sched_priv/sched.lock"),
          ("pbs_mom", "mom_priv/mom.lock"), ("pbs_comm", "server_priv/comm.lock"))
 START_TIMEOUT_S = 120
+#: starts tried before a test fails: the datastore's creation now and then finds PostgreSQL not yet
+#: listening on a loaded machine ("createdb: error: connection to server on socket ... failed")
+START_TRIES = 3
 MOM_CONFIG = "$usecp *:/ /\n"
 #: the MoM's poll as docs/operators/pbs.md advises (`fast_poll=False`: PBS's default, 10 s and more)
 FAST_POLL = "$min_check_poll 1\n$max_check_poll 2\n"
@@ -189,12 +192,25 @@ class PbsCluster:
         self._closed = False
 
     def __enter__(self) -> "PbsCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                self.start()
+                return self
+            except (Exception, pytest.fail.Exception) as e:
+                self.close()
+                if attempt == START_TRIES:
+                    raise
+                log(f"the cluster did not start (try {attempt} of {START_TRIES}), again: {str(e)[-300:]}")
+                self._reset()
+            except BaseException:
+                self.close()
+                raise
         return self
+
+    def _reset(self) -> None:
+        """Back to before `start`, after a start that failed and was closed."""
+        self._closed, self._net, self.home, self.netns = False, None, None, ""
+        shutil.rmtree(self.workdir / "net", ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
