@@ -1,5 +1,6 @@
-"""The pilot: the batch script of every pilot job. It holds one node for the harvester and is the
-only way the harvester uses that node, so whatever Slurm does to the pilot happens to the work.
+"""The pilot: the program of every pilot job, on Slurm and PBS alike (told here as on Slurm; PBS's
+job is PBS_JOBID, its node comes in HARVEST_PILOT_NODE). It holds one node for the harvester and
+is the only way the harvester uses that node, so whatever Slurm does to the pilot happens to the work.
 
   1. It connects to the harvester's hub (address, certificate fingerprint and token from its
      environment), checks the hub's TLS certificate against the fingerprint (any other: it says

@@ -1,6 +1,6 @@
-"""Workers inside the Slurm pilot jobs that hold their nodes: `start` asks the pilot on the node
-(over its connection to the harvester's hub) to start the worker as its own child, so the
-worker is part of the pilot's Slurm job and ends with it. Nothing runs on a node without a
+"""Workers inside the pilot jobs (Slurm, PBS) that hold their nodes: `start` asks the pilot on the
+node (over its connection to the harvester's hub) to start the worker as its own child, so the
+worker is part of the pilot's batch job and ends with it. Nothing runs on a node without a
 pilot.
 
 A handle's token is `<pilot job id>/<process start time>`: a request for a worker whose pilot
