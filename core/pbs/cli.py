@@ -7,14 +7,13 @@ network): every id is checked (`JOB_ID`) before it reaches a command line."""
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Mapping, Optional, Sequence
 
 from ..pilots.base import BadJobId, SchedulerUnavailable, SchedulerUnreadable
 from ..pilots.commands import Commands
 from .parse import Unreadable, parse_jobs, parse_nodes, parse_version
 from .records import PbsJob, PbsNode
 
-T = TypeVar("T")
 #: a PBS job id: `123.server` or an array's `123[4].server`; never an option, never blank
 JOB_ID = re.compile(r"[0-9]{1,18}(?:\[[0-9]{0,18}\])?\.[A-Za-z0-9][A-Za-z0-9.-]{0,253}")
 #: a job name or user name as a filter value: one item, never an option
@@ -47,6 +46,8 @@ class PbsCli(Commands):
     of PBS's commands, else PATH."""
 
     unavailable = PbsUnavailable
+    unreadable = PbsUnreadable
+    title = "PBS"
 
     def __init__(self, conf: str = "", timeout_s: float = 5.0, bin_dir: str = "") -> None:
         super().__init__({"PBS_CONF_FILE": conf} if conf else {}, timeout_s, bin_dir)
@@ -60,14 +61,6 @@ class PbsCli(Commands):
             except Unreadable as e:
                 raise PbsUnreadable(str(e)) from None
         return self._version
-
-    def _read(self, what: str, parse: Callable[[str], list[T]], argv: Sequence[str]) -> list[T]:
-        version = self.version()
-        out = self._run(argv)
-        try:
-            return parse(out)
-        except Unreadable as e:
-            raise PbsUnreadable(f"cannot read the {what} of PBS {version}: {e}") from None
 
     def nodes(self) -> list[PbsNode]:
         """Every vnode, in PBS's order."""

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from ..pilots.base import Unparsable
 from .records import PbsJob, PbsNode
 
 #: `(vn042:ncpus=1)+(vn043:ncpus=1)`: the vnode of each chunk
@@ -15,7 +16,7 @@ EXEC_VNODE = re.compile(r"\(([^:()+]+)")
 VERSION = re.compile(r"pbs_version\s*=\s*([0-9][0-9A-Za-z.\-]*)")
 
 
-class Unreadable(ValueError):
+class Unreadable(Unparsable):
     """PBS printed something this harvester cannot read."""
 
 

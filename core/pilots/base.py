@@ -31,6 +31,10 @@ class SchedulerUnreadable(SchedulerUnavailable):
     """The scheduler answered with something this harvester cannot read; the message names its version."""
 
 
+class Unparsable(ValueError):
+    """A scheduler printed something its provider's parser cannot read (the line, or what was wrong)."""
+
+
 class BadJobId(ValueError):
     """A value that is not a job id of this scheduler where one was expected; nothing was run."""
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
-from .base import SchedulerUnavailable
+from .base import SchedulerUnavailable, SchedulerUnreadable, Unparsable
+
+T = TypeVar("T")
 
 
 class Commands:
-    #: what a provider raises when its scheduler cannot be asked (a SchedulerUnavailable)
+    #: what a provider raises when its scheduler cannot be asked, and when its output cannot be read
     unavailable: type[SchedulerUnavailable] = SchedulerUnavailable
+    unreadable: type[SchedulerUnreadable] = SchedulerUnreadable
+    title = "the scheduler"
 
     def __init__(self, env: Mapping[str, str], timeout_s: float, bin_dir: str) -> None:
         self.env = {**os.environ, **env}
@@ -39,3 +43,15 @@ class Commands:
             err = r.stderr.strip().splitlines()
             raise self.unavailable(f"{argv[0]}: {err[-1] if err else f'exit status {r.returncode}'}")
         return r.stdout
+
+    def version(self) -> object:
+        raise NotImplementedError
+
+    def _read(self, what: str, parse: Callable[[str], list[T]], argv: Sequence[str]) -> list[T]:
+        """`argv`'s output parsed; Unreadable naming what, the scheduler and its version if it cannot be."""
+        version = self.version()
+        out = self._run(argv)
+        try:
+            return parse(out)
+        except Unparsable as e:
+            raise self.unreadable(f"cannot read the {what} of {self.title} {version}: {e}") from None

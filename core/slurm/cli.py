@@ -10,7 +10,7 @@ scancel or squeue as an option (`--me` would cancel every job of the harvester's
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Mapping, Optional, Sequence
 
 from ..pilots.base import BadJobId, SchedulerUnavailable, SchedulerUnreadable
 from ..pilots.commands import Commands
@@ -18,7 +18,6 @@ from .parse import (SINFO_FORMAT, SQUEUE_FORMAT, SlurmVersion, Unreadable, check
                     parse_nodes, parse_version)
 from .records import SlurmJob, SlurmNode, gpu_count
 
-T = TypeVar("T")
 __all__ = ["BadJobId", "SlurmCli", "SlurmJob", "SlurmNode", "SlurmUnavailable", "SlurmUnreadable",
            "check_job_ids", "gpu_count", "valid_job_id"]
 
@@ -55,6 +54,8 @@ class SlurmCli(Commands):
     of Slurm's commands, else PATH."""
 
     unavailable = SlurmUnavailable
+    unreadable = SlurmUnreadable
+    title = "Slurm"
 
     def __init__(self, conf: str = "", timeout_s: float = 5.0, bin_dir: str = "") -> None:
         super().__init__({"SLURM_CONF": conf} if conf else {}, timeout_s, bin_dir)
@@ -71,14 +72,6 @@ class SlurmCli(Commands):
                 raise SlurmUnreadable(str(e)) from None
             self._version = v
         return self._version
-
-    def _read(self, what: str, parse: Callable[[str], list[T]], argv: Sequence[str]) -> list[T]:
-        version = self.version()
-        out = self._run(argv)
-        try:
-            return parse(out)
-        except Unreadable as e:
-            raise SlurmUnreadable(f"cannot read the {what} of Slurm {version}: {e}") from None
 
     def nodes(self) -> list[SlurmNode]:
         """Every node in a partition (hidden ones included), in Slurm's own order."""

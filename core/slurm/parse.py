@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from ..pilots.base import Unparsable
 from .records import SlurmJob, SlurmNode
 
 #: the oldest Slurm whose output this module reads, and the newest it was run against
@@ -44,7 +45,7 @@ JOB_FLAGS_SHOWN = ("COMPLETING", "CONFIGURING", "RESIZING", "RESV_DEL_HOLD", "RE
                    "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "POWER_UP_NODE", "STAGE_OUT")
 
 
-class Unreadable(ValueError):
+class Unreadable(Unparsable):
     """Slurm printed something this module cannot read; the message quotes it."""
 
 
