@@ -44,6 +44,7 @@ from pathlib import Path
 
 from bench.slurm import held_by, wait_for
 from core.assemble import build
+from core.pbs.parse import parse_version
 from core.pilots.settings import PilotSettings
 from core.replay import percentile
 from core.schemas import JobSpec
@@ -153,7 +154,7 @@ def measure(workdir: Path, repeats: int, nodes: int, dispatch: str,
         finally:
             if h is not None:
                 h.close()
-        version = pbs.run(["qstat", "--version"]).stdout.strip()
+        version = "OpenPBS " + parse_version(pbs.run(["qstat", "--version"]).stdout)
     if dispatch == "pilot" and any(alive(p) for p in left):
         raise RuntimeError(f"worker processes outlived the harvester: {sorted(left)}")
 
