@@ -137,7 +137,8 @@ def _stored_filter(snap: Snapshot, q: JobQuery) -> Optional[StoredFilter]:
     states = tuple(s for s in ENDED if not q.states or s in q.states)
     if not states:
         return None
-    return StoredFilter(states, q.owner, q.text.lower(), tuple(j["id"] for j in snap.jobs))
+    return StoredFilter(states, q.owner, q.text.lower(), tuple(j["id"] for j in snap.jobs),
+                        snap.time if snap.seq else None)
 
 
 def jobs_page(snap: Snapshot, history: Optional[History], owner: Optional[str], state: Optional[str],

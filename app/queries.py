@@ -36,6 +36,9 @@ class StoredFilter:
     owner: Optional[str] = None
     text: str = ""
     skip: tuple[str, ...] = ()
+    #: only jobs that had ended by the snapshot's time: the store runs ahead of the snapshot, and a
+    #: job it already holds but the snapshot has not seen would be listed without its live fields
+    ended_by: Optional[float] = None
 
     def sql(self) -> tuple[str, tuple]:
         terms, args = [f"state in ({', '.join('?' * len(self.states))})"], [*self.states]
@@ -49,6 +52,9 @@ class StoredFilter:
         if self.skip:
             terms.append("id not in (select value from json_each(?))")   # one argument, however many
             args.append(json.dumps(self.skip))
+        if self.ended_by is not None:
+            terms.append("end_time <= ?")
+            args.append(self.ended_by)
         return "where " + " and ".join(terms), tuple(args)
 
 

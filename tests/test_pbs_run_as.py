@@ -14,10 +14,10 @@ import pytest
 
 from tests.support.accounts import LAUNCHER, SUDO, unix_account
 from tests.support.openpbs import pbs_cluster  # noqa: F401  (the fixture)
-from tests.support.server import ROOT, start_app
+from tests.support.server import start_app
 from tests.support.waiting import wait
-from tests.test_pbs import app_args, pilots
-from tests.test_slurm_run_as import PYTHON, ancestors, env_of, exe, ranks, register, uids, users_file
+from tests.support.pbs_harvest import app_args, pilots
+from tests.support.runas_checks import PYTHON, ancestors, env_of, exe, ranks, register, uids, users_file
 
 
 @pytest.fixture(scope="module")
