@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from tests.support.openpbs import PbsCluster
+from tests.support.server import ROOT
 
 COMMENT = "disk replaced"
 #: file -> the command whose output it holds
@@ -66,6 +67,11 @@ def stage(pbs: PbsCluster) -> None:
     time.sleep(1)
 
 
+def scrub(text: str) -> str:
+    """The recording without this machine's checkout path (jobs' PBS_O_WORKDIR, Error_Path)."""
+    return text.replace(str(ROOT), "/checkout")
+
+
 def record(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="record-pbs-"))
@@ -73,7 +79,7 @@ def record(out: Path) -> None:
         with PbsCluster(workdir, extra={"vn007": {"ngpus": 2}, "vn008": {"ngpus": 2}}) as pbs:
             stage(pbs)
             for name, argv in COMMANDS.items():
-                (out / name).write_text(pbs.run(list(argv), check=True).stdout)
+                (out / name).write_text(scrub(pbs.run(list(argv), check=True).stdout))
             versions = [pbs.run(list(argv), check=True).stdout for argv in VERSIONS]
             (out / "version.txt").write_text("".join(versions))
     finally:
