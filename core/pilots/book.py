@@ -12,7 +12,7 @@ from typing import Callable, Collection, Mapping, Optional
 from ..model import LEFT_LOST, LEFT_PREEMPTED, Event, EventKind
 from . import script
 from .backoff import SHORT_LIFE_S, PilotBackoff
-from .hub import PilotLink
+from .link import PilotLink
 from .base import BatchJob, BatchNode
 from .script import Pilot
 from .settings import PilotSettings

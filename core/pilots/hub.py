@@ -5,29 +5,31 @@ it lets go (`leaving` on SIGTERM, or its connection ends), and carries the trans
 to the pilot on a node and their replies.
 
 Until its hello a connection waits in the lobby (core/pilots/lobby.py: one thread for all, a
-deadline each, a cap on connections). A pilot then gets a thread of its own (a few hundred
-pilots at most); callbacks run on those threads and must be quick. A hello is refused unless
-its job id is a batch scheduler's job id and its node is held by no other live pilot: a second pilot for a
-node never displaces the first.
+deadline each, a cap on connections). A pilot is then read by the conduit (core/pilots/conduit.py:
+one thread for all pilots, a whole machine's worth); callbacks run on that thread and must be
+quick. A hello is refused unless its job id is a batch scheduler's job id and its node is held
+by no other live pilot: a second pilot for a node never displaces the first.
 """
 from __future__ import annotations
 
 import hmac
-import itertools
 import logging
 import re
+import resource
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .base import batch_job_id
+from .conduit import Conduit
+from .link import PilotGone, PilotLink
 from .lobby import Lobby
 from .stats import PilotStats
 from .tls import server_context
-from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, WELCOME, Wire
+from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, Wire
 
+__all__ = ["PilotGone", "PilotHub", "PilotLink", "valid_worker"]
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
 MAX_CONNECTIONS = 4 * 64 + 64   # see PilotSettings.hub_connection_cap
@@ -35,6 +37,8 @@ MAX_CONNECTIONS = 4 * 64 + 64   # see PilotSettings.hub_connection_cap
 #: that overflows the queue makes a pilot's SYN be dropped, ~1 s per retransmission (at 1024, a
 #: flood of 2,000 sockets cost pilots 1-3 retransmissions; tests/test_slurm_hub_abuse.py)
 BACKLOG = 4096
+#: descriptors kept for everything else the harvester opens (store, web clients, commands)
+SPARE_FDS = 256
 #: a node name as a pilot may give it (SLURMD_NODENAME or the host name)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -50,65 +54,33 @@ def valid_worker(w: object) -> bool:
             and all(len(w[k]) <= 4096 for k in ("token", "log", "job", "key")))
 
 
-class PilotGone(RuntimeError):
-    """The pilot ended (or is ending) before it answered."""
-
-
-@dataclass
-class PilotLink:
-    """One connected pilot: the batch job that holds `node` for us."""
-    job: str
-    node: str
-    pid: int
-    wire: Wire
-    since: float                                   # wall clock of its hello
-    leaving: bool = False                          # it said SIGTERM; it is stopping its workers
-    signalled_at: Optional[float] = None           # the pilot's wall clock when the signal came
-    closed: threading.Event = field(default_factory=threading.Event)
-    workers: list[dict] = field(default_factory=list)   # a redialing pilot's workers (`adoptable`)
-    _waiting: dict = field(default_factory=dict)   # request id -> [Event, reply]
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _ids: "itertools.count" = field(default_factory=itertools.count)
-
-    @property
-    def gone(self) -> bool:
-        return self.leaving or self.closed.is_set()
-
-    def request(self, op: str, timeout: float, **fields) -> dict:
-        """Send a request and wait for its reply. PilotGone if the pilot ends first (or does not
-        take the request within the wire's send timeout: it is then cut off, as gone),
-        TimeoutError if it does not answer in time."""
-        slot: list = [threading.Event(), None]
-        with self._lock:
-            rid = next(self._ids)
-            self._waiting[rid] = slot
+def descriptors_for(connections: int) -> int:
+    """Raise this process's open-file limit towards `connections` plus a spare (up to the hard
+    limit) and return how many connections fit in it: a whole machine's pilots need more
+    descriptors than a login shell's default 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + SPARE_FDS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
         try:
-            if self.closed.is_set() or not self.wire.send({"op": op, "id": rid, **fields}):
-                raise PilotGone(f"the pilot on {self.node} has ended")
-            deadline = time.monotonic() + timeout
-            while not slot[0].wait(0.05):
-                if self.closed.is_set():
-                    raise PilotGone(f"the pilot on {self.node} has ended")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the pilot on {self.node} did not answer {op} within {timeout:g} s")
-            return slot[1]
-        finally:
-            with self._lock:
-                self._waiting.pop(rid, None)
-
-    def _answer(self, msg: dict) -> None:
-        with self._lock:
-            slot = self._waiting.get(msg.get("re"))
-        if slot is not None:
-            slot[1] = msg
-            slot[0].set()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return connections
+    fit = max(1, soft - SPARE_FDS)
+    log.warning("the pilot hub can keep %d connection(s) open, not %d: this process may open %d files "
+                "(raise the hard limit, e.g. LimitNOFILE=%d in its systemd unit)", fit, connections, soft, want)
+    return fit
 
 
 class PilotHub:
     """Listens on `host:port` (0: any free port) with TLS; pilots pin `fingerprint`. `on_hello(link)`,
-    `on_leave(link, why)` are called from connection threads; on_leave once per link, on
-    `leaving` or at the end of the connection, whichever comes first. At most `max_connections`
-    connections at once, pilots and connections still in their hello together."""
+    `on_leave(link, why)` are called on the hub's one reader thread (quick: no command, no
+    waiting); on_leave once per link, on `leaving` or at the end of the connection, whichever
+    comes first. At most `max_connections` connections at once (fewer if this process cannot
+    open that many files), pilots and connections still in their hello together."""
 
     def __init__(self, token: str, on_hello: Callable[[PilotLink], None],
                  on_leave: Callable[[PilotLink, str], None], host: str = "127.0.0.1", port: int = 0,
@@ -122,6 +94,7 @@ class PilotHub:
         self.on_hello = on_hello
         self.on_leave = on_leave
         ctx, self.fingerprint = server_context(identity)
+        self.max_connections = descriptors_for(max_connections)
         self._server = socket.create_server((host, port), backlog=BACKLOG)
         self._server.setblocking(False)
         self.address = self._server.getsockname()[:2]
@@ -130,8 +103,8 @@ class PilotHub:
         self._lock = threading.Lock()
         self._closing = False
         self._serving = 0                              # admitted connections still open
-        self._threads: list[threading.Thread] = []
-        self._lobby = Lobby(self._server, ctx, self._admit, lambda: self._serving, max_connections,
+        self._conduit = Conduit(self._started, self._message, self._ended)
+        self._lobby = Lobby(self._server, ctx, self._admit, lambda: self._serving, self.max_connections,
                             hello_timeout_s, send_timeout_s)
 
     # ---- reading -----------------------------------------------------------------------------
@@ -151,8 +124,8 @@ class PilotHub:
 
     # ---- connections -------------------------------------------------------------------------
     def _admit(self, wire: Wire, hello: Optional[dict]) -> None:
-        """A hello came (on the lobby's thread): register the pilot and give it a thread, or
-        close the connection."""
+        """A hello came (on the lobby's thread): register the pilot and hand it to the conduit,
+        or close the connection."""
         why = self._refusal(hello)
         link = None
         if why is None:
@@ -167,16 +140,7 @@ class PilotHub:
                 log.warning("refused a pilot connection: %s", why)
             wire.close()
             return
-        t = threading.Thread(target=self._serve, args=(link,), name=f"pilot-{link.job}", daemon=True)
-        try:
-            t.start()
-        except RuntimeError as e:               # no thread to be had: as if it never came
-            log.error("refused pilot %s on %s: cannot start its thread (%s)", link.job, link.node, e)
-            self._unregister(link)
-            wire.close()
-            return
-        with self._lock:
-            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        self._conduit.add(link)
 
     def _refusal(self, hello: Optional[dict]) -> Optional[str]:
         """Why this hello is refused (None: it is not). The token first: nothing else is said
@@ -223,27 +187,25 @@ class PilotHub:
             self._serving -= 1
         self.stats.connected(-1)
 
-    def _serve(self, link: PilotLink) -> None:
-        try:
-            link.wire.send({"op": WELCOME})
-            self.on_hello(link)
-            while (msg := link.wire.recv()) is not None:
-                if msg.get("op") == LEAVING and not link.leaving:
-                    at = msg.get("at")
-                    link.signalled_at = float(at) if isinstance(at, (int, float)) else None
-                    link.leaving = True
-                    self.on_leave(link, f"pilot {link.job} preempted ({msg.get('reason') or 'SIGTERM'})")
-                elif "re" in msg:
-                    link._answer(msg)
-        finally:
-            said_leaving = link.leaving
-            link.closed.set()
-            link.wire.close()
-            self._unregister(link)
-            if said_leaving and link.signalled_at is not None:
-                self.stats.vacated(time.time() - link.signalled_at)
-            if not said_leaving:
-                self.on_leave(link, f"pilot {link.job} lost its connection")
+    # ---- on the conduit's thread -----------------------------------------------------------------
+    def _started(self, link: PilotLink) -> None:
+        self.on_hello(link)
+
+    def _message(self, link: PilotLink, msg: dict) -> None:
+        if msg.get("op") == LEAVING and not link.leaving:
+            at = msg.get("at")
+            link.signalled_at = float(at) if isinstance(at, (int, float)) else None
+            link.leaving = True
+            self.on_leave(link, f"pilot {link.job} preempted ({msg.get('reason') or 'SIGTERM'})")
+        elif "re" in msg:
+            link.answer(msg)
+
+    def _ended(self, link: PilotLink) -> None:
+        self._unregister(link)
+        if link.leaving and link.signalled_at is not None:
+            self.stats.vacated(time.time() - link.signalled_at)
+        if not link.leaving:
+            self.on_leave(link, f"pilot {link.job} lost its connection")
 
     def close(self) -> None:
         """Stop listening and close every connection (pilots then stop their workers and exit)."""
@@ -251,10 +213,4 @@ class PilotHub:
             self._closing = True
         self._lobby.close()
         self._server.close()
-        with self._lock:
-            links = list(self._by_job.values())
-            threads = list(self._threads)
-        for link in links:
-            link.wire.close()
-        for t in threads:
-            t.join(5)
+        self._conduit.close()

@@ -14,7 +14,8 @@ import logging
 from typing import Callable
 
 from ..privatefiles import write_private
-from .hub import PilotHub, PilotLink
+from .hub import PilotHub
+from .link import PilotLink
 from .stats import PilotStats
 from .settings import PilotSettings
 from .tls import new_identity

@@ -57,7 +57,9 @@ from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSour
 from . import identity, script
 from .base import BadJobId, BatchNode, Scheduler, SchedulerUnavailable
 from .book import PilotBook
-from .hub import PilotHub, PilotLink
+from .canceller import Canceller
+from .hub import PilotHub
+from .link import PilotLink
 from .settings import PilotSettings
 from .stats import PilotStats
 
@@ -134,6 +136,7 @@ class PilotSource(LiveNodeSource):
         self.hub: Optional[PilotHub] = None
         self.joins = JoinHold(cap_s=JOIN_CAP_TIMEOUTS * s.pending_timeout_s)
         self.stats = PilotStats()
+        self._canceller = Canceller(self._send_cancel)
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         self._recheck = False   # a pilot we deleted may still be requeued: read the pilots at the next poll
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
@@ -216,6 +219,7 @@ class PilotSource(LiveNodeSource):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.settings.command_timeout_s * 3 + 5)
+        self._canceller.close(self.settings.command_timeout_s + 5)
         jobs = self.book.closing()
         try:
             self.scheduler.cancel(jobs)
@@ -234,7 +238,7 @@ class PilotSource(LiveNodeSource):
         verdict = self.book.hello(link)
         if verdict == "stray":
             log.warning("pilot %s on %s is not needed there; cancelling it", link.job, link.node)
-            self._cancel_quietly([link.job])
+            self._cancel_soon([link.job])
             return
         if verdict == "adopted":
             log.info("pilot %s on %s redialed with %d worker(s)", link.job, link.node, len(link.workers))
@@ -252,7 +256,7 @@ class PilotSource(LiveNodeSource):
             return
         if not link.leaving or (self.scheduler.requeues_preempted and not ours):
             self._recheck = self.scheduler.requeues_preempted   # a delete can race the requeue: look again
-            self._cancel_quietly([link.job])   # lost contact, or requeued: make sure the node goes back
+            self._cancel_soon([link.job])   # lost contact, or requeued: make sure the node goes back
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -311,7 +315,7 @@ class PilotSource(LiveNodeSource):
         for jid in dropped:           # Slurm says it is over: if it is still connected, hang up
             link = self.hub.link_of_job(jid) if self.hub is not None else None
             if link is not None:
-                link.wire.close()
+                link.hang_up()
         if cancel:
             log.info("cancelling pilot(s) %s: their node was taken before they started, or they "
                      "did not connect within %g s", ", ".join(cancel), self.settings.pending_timeout_s)
@@ -390,8 +394,16 @@ class PilotSource(LiveNodeSource):
             log.info("cancelling %d pilot(s) of an earlier run that hold no node: %s", len(cancel), ", ".join(cancel))
             self._cancel_quietly(cancel)
 
+    def _cancel_soon(self, jobs: list[str]) -> None:
+        """Cancel from the hub's reader thread: marked at once, sent by the canceller's."""
+        self.book.cancelling(jobs)
+        self._canceller.add(jobs)
+
     def _cancel_quietly(self, jobs: list[str], suspended: bool = False) -> None:
         self.book.cancelling(jobs)
+        self._send_cancel(jobs, suspended)
+
+    def _send_cancel(self, jobs: list[str], suspended: bool = False) -> None:
         try:
             (self.scheduler.cancel_suspended if suspended else self.scheduler.cancel)(jobs)
         except (SchedulerUnavailable, BadJobId) as e:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 from typing import Mapping, Optional, Sequence
 
-from .hub import PilotGone, PilotHub, PilotLink
+from .hub import PilotHub
+from .link import PilotGone, PilotLink
 from .wire import ALIVE, GIVE, KILL, START, STOP, TAIL
 from ..transports.base import STOP_GONE, Handle, NodeSpec, StartError, Transport, TransportError, check_start_args
 from ..transports.local import tail_file

@@ -204,6 +204,11 @@ class Wire:
             if not self.feed(self._recv_raw(deadline)):
                 raise ConnectionError("the connection ended (or timed out) during the TLS handshake")
 
+    @property
+    def eof(self) -> bool:
+        """The peer's end of the stream was seen (EOF or TLS close_notify)."""
+        return self._eof
+
     # ---- the end -----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """End the connection for both ends without closing the socket (a reader in another
