@@ -211,6 +211,39 @@ def test_job_ids_that_look_like_options_never_reach_slurm(tmp_path, monkeypatch)
     assert not set(OPTION_LIKE_IDS) & set(argv), calls(record)
 
 
+def test_a_slow_scancel_never_holds_up_the_pilots_hellos(tmp_path, monkeypatch):
+    """Every pilot is read on one thread (issue 59), so the source's callbacks must not wait for
+    Slurm: a stray pilot's scancel that takes seconds leaves the next pilot's hello as prompt as
+    ever, and cancels asked for meanwhile go out together in the next scancel."""
+    record = fake_slurm(tmp_path, monkeypatch)
+    scancel = tmp_path / "bin" / "scancel"
+    running = tmp_path / "scancel-running"
+    scancel.write_text(scancel.read_text().replace(
+        "print(", f"open({str(running)!r}, 'w').close()\nimport time; time.sleep(4)\nprint(", 1))
+    source = slurm_source(PilotSettings())
+    wires = []
+    try:
+        assert source.hub is not None
+        address = "%s:%d" % source.hub.address
+
+        def pilot(job: str, node: str) -> None:
+            w = dial(address, source.hub.fingerprint)
+            w.send({"op": HELLO, "token": source._token, "job": job, "node": node, "pid": 1})
+            wires.append(w)
+
+        pilot("77", "node9")                             # a stray: cancelled, slowly
+        wait(running.exists, 5, "the first scancel running")
+        pilot("78", "node8")                             # another stray, while it runs
+        pilot("79", "node1")                             # a pilot on a watched node
+        wait(lambda: source.book.held.get("node1") == "79", 2, "node1's hello while scancel is busy")
+        assert [c for c in calls(record) if c[0] == "scancel"] == [["scancel", "--", "77"]]
+        wait(lambda: ["scancel", "--", "78"] in calls(record), 15, "the stray pilot 78 cancelled next")
+    finally:
+        for w in wires:
+            w.close()
+        source.close()
+
+
 # ---- the token on the wire, and the certificate ------------------------------------------------
 class Proxy:
     """A TCP proxy on 127.0.0.1 in front of `target` that records every byte, both ways."""
