@@ -11,7 +11,7 @@ from core.settings import SettingsError, PilotSettings, split_list
 #: PilotSettings field -> the option that sets it (errors name the option)
 OPTIONS = {"partition": "--slurm-partition / --pbs-queue", "qos": "--slurm-qos", "account": "--slurm-account / --pbs-account",
            "max_pilots": "--slurm-max-pilots", "time_limit_min": "--slurm-time-limit",
-           "watch": "--slurm-watch", "poll_s": "--slurm-poll", "submit_batch": "--slurm-batch",
+           "watch": "--slurm-watch", "poll_s": "--slurm-poll", "submit_batch": "--slurm-batch", "submit_parallel": "--slurm-submit-parallel",
            "dry_run": "--slurm-dry-run", "hub_host": "--slurm-hub", "hub_port": "--slurm-hub",
            "advertise": "--slurm-advertise", "pilot_name": "--slurm-pilot-name",
            "python": "--slurm-python", "log_dir": "--slurm-pilot-logs", "conf": "--slurm-conf / --pbs-conf", "bin_dir": "--slurm-bin / --pbs-bin",
@@ -41,6 +41,8 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help=f"seconds between sinfo/squeue reads (default {d.poll_s:g}; leaves arrive at once)")
     g.add_argument("--slurm-batch", metavar="N", type=int, default=d.submit_batch,
                    help=f"pilots submitted per poll at most (default {d.submit_batch})")
+    g.add_argument("--slurm-submit-parallel", metavar="N", type=int, default=d.submit_parallel,
+                   help=f"pilot submissions (sbatch, qsub) run at once (default {d.submit_parallel})")
     g.add_argument("--slurm-dry-run", action="store_true",
                    help="submit nothing; the dashboard and log show what would be harvested")
     g.add_argument("--slurm-hub", default=d.hub_host, metavar="HOST[:PORT]",
@@ -101,7 +103,7 @@ def settings_from(args) -> dict:
         port = int(p)
     out = dict(partition=args.slurm_partition, qos=args.slurm_qos, account=args.slurm_account,
                 max_pilots=args.slurm_max_pilots, time_limit_min=args.slurm_time_limit,
-                watch=split_list(args.slurm_watch), poll_s=args.slurm_poll, submit_batch=args.slurm_batch,
+                watch=split_list(args.slurm_watch), poll_s=args.slurm_poll, submit_batch=args.slurm_batch, submit_parallel=args.slurm_submit_parallel,
                 dry_run=args.slurm_dry_run, hub_host=host.strip("[]"), hub_port=port,
                 advertise=args.slurm_advertise, pilot_name=args.slurm_pilot_name, python=args.slurm_python,
                 log_dir=args.slurm_pilot_logs, conf=args.slurm_conf, bin_dir=args.slurm_bin, worker_grace_s=args.slurm_worker_grace,

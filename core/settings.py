@@ -587,6 +587,7 @@ class Options(BaseSettings):
     slurm_watch: str = ""
     slurm_poll: float = _D_SLURM.poll_s
     slurm_batch: int = _D_SLURM.submit_batch
+    slurm_submit_parallel: int = _D_SLURM.submit_parallel
     slurm_dry_run: bool = False
     slurm_hub: str = _D_SLURM.hub_host
     slurm_hub_max_connections: int = _D_SLURM.hub_max_connections

@@ -32,7 +32,8 @@ class PilotSettings:
     time_limit_min: int = 60         # each pilot's --time; a new pilot replaces it after
     watch: tuple[str, ...] = ()      # partitions, node names or hostlists; () = the partition's nodes
     poll_s: float = 1.0              # how often the scheduler is read (leaves come at once anyway)
-    submit_batch: int = 16           # pilots submitted per poll at most
+    submit_batch: int = 128          # pilots submitted per poll at most
+    submit_parallel: int = 4         # submissions (sbatch, qsub) run at once: a cold start of thousands within a minute
     pending_timeout_s: float = 60.0  # a pilot not connected after this is cancelled
     release_grace_s: float = 60.0    # a pilot no job has wanted for this long is cancelled
     dry_run: bool = False            # submit nothing; show what would be harvested
@@ -67,6 +68,7 @@ class PilotSettings:
         _whole(self, "max_pilots", 1, MAX_PILOTS)
         _whole(self, "time_limit_min", 1, 365 * 24 * 60)
         _whole(self, "submit_batch", 1, MAX_PILOTS)
+        _whole(self, "submit_parallel", 1, 64)
         _whole(self, "hub_port", 0, 65535)
         _whole(self, "hub_max_connections", 0, 1_000_000)
         _whole(self, "slots", 0, MAX_SLOTS)

@@ -48,6 +48,7 @@ import getpass
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
@@ -343,22 +344,37 @@ class PilotSource(LiveNodeSource):
             self._cancel_quietly(cancel)
 
     def _submit(self) -> None:
+        """This poll's pilots, `submit_parallel` submissions at once (thousands of idle nodes
+        are held within a minute); the first the scheduler refuses ends the round."""
         s, hub = self.settings, self.hub
         assert hub is not None
         text, env = script.script(s), script.environment(s, hub.address[1], hub.fingerprint, self._token)
         free, room = self.free_nodes(), self.book.room()
         self._more = min(len(free), self.book.unpaced()) > room
-        for node in free[:room]:
+        refused = threading.Event()
+
+        def one(node: str) -> None:
+            if refused.is_set() or self._stop.is_set():
+                return
             job = None
             try:
                 job = self.scheduler.submit(node, self._slurm.get(node), text, env)
             except SchedulerUnavailable as e:
-                log.warning("could not submit a pilot to %s: %s", node, e)
-                return
+                if not refused.is_set():
+                    log.warning("could not submit a pilot to %s: %s", node, e)
+                refused.set()
             finally:
                 self.book.submitted(job, node)
                 if job is not None:
                     self.stats.count("submitted")
+
+        nodes = free[:room]
+        if len(nodes) <= 1 or s.submit_parallel == 1:
+            for node in nodes:
+                one(node)
+            return
+        with ThreadPoolExecutor(min(s.submit_parallel, len(nodes)), thread_name_prefix="pilot-submit") as pool:
+            list(pool.map(one, nodes))
 
     def _dry_run(self) -> None:
         would = tuple(self.free_nodes()[:self.settings.max_pilots])
