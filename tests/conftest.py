@@ -45,7 +45,7 @@ def small_jobs(tmp_path: Path) -> Path:
 #: modules that start Slurm or PBS daemons, make network namespaces or Unix accounts: one at a time
 HOST_GROUP = "host"
 _USES_HOST = re.compile(r"tests\.support\.(slurm|netns|accounts|slurm_accounting|slurm_chroot|slurm_init|openpbs|record_pbs)\b"
-                        r"|netns_cluster|pbs_cluster|unix_account|bench\.(facility|preemption|slurm|faults|pbs)\b")
+                        r"|netns_cluster|pbs_cluster|unix_account|bench\.(facility|preemption|slurm|faults|pbs|coldstart)\b")
 _host_modules: dict[Path, bool] = {}
 
 

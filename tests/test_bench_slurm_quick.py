@@ -26,3 +26,11 @@ def test_pbs_gives_vnodes_back_to_a_real_openpbs():
     assert out["rounds"] == 2 and out["nodes"] == 2 and out["dispatch"] == "pilot"
     assert 0 < out["signal_ms_p50"] < out["vacate_ms_p50"] and out["harvester_share_ms_p50"] > 0
     assert out["main_start_ms_p50"] > 0 and out["reharvest_ms_p50"] > 0
+
+
+def test_a_cold_start_on_a_real_slurm_gives_the_job_every_held_node():
+    out = last_json(run_module("bench.coldstart", "--quick", "--json", timeout=400))
+    (run,) = out["runs"]
+    assert out["nodes"] == 16 and run["held_max"] == 16 and run["job_max"] == 16 and out["goal_met"]
+    assert 0 < run["submitted_all_s"] <= run["last_pilot_s"] and run["to_95_s"] <= run["to_100_s"]
+    assert run["submit_rpcs"] >= 16 and run["hub_peak"] == 16 and run["rss_mb"] > 0
