@@ -49,7 +49,9 @@ bench: $(VENV)/.dev
 	$(PY) -m bench.vacate
 	$(PY) -m bench.slurm
 	$(PY) -m bench.pbs
+	$(PY) -m bench.coldstart
 	$(PY) -m bench.facility
+	$(PY) -m bench.scale
 	$(PY) -m bench.preemption
 	$(PY) -m bench.jpa
 	$(PY) -m bench.fairshare
