@@ -49,7 +49,7 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    help="where the harvester listens for its pilots (default 127.0.0.1, any port)")
     g.add_argument("--slurm-hub-max-connections", metavar="N", type=int, default=d.hub_max_connections,
                    help="connections the hub keeps at once, pilots and those not yet identified; "
-                        "more are refused (default 0: 4 x --slurm-max-pilots + 64)")
+                        "more are refused (default 0: 4 x --slurm-max-pilots + 64, at most --slurm-max-pilots + 4096)")
     g.add_argument("--slurm-advertise", default="", metavar="HOST",
                    help="the address pilots dial back (default: the --slurm-hub host)")
     g.add_argument("--slurm-conf", metavar="PATH", default="", help="slurm.conf for the Slurm commands (default: SLURM_CONF / the site's)")

@@ -8,7 +8,7 @@ Before the fix, on 256 slurmd, such a job stayed on 16 nodes for minutes: the pi
 by one, each join grew the job, and each grow ended a "stand" of a few ms, so the horizon learned
 0.5 s and no grow paid after that (core/horizon.py: a grow folded into the regroup under way
 ends no stand). Joins that arrive while more pilots are starting now reach the controller
-together (core/pilots/source.py, JoinHold), and healthy pilots are not held to the failure rate
+together (core/pilots/joins.py, JoinHold), and healthy pilots are not held to the failure rate
 cap (core/pilots/book.py: 120 a minute kept the last 8 of 128 pilots a minute late).
 
 The host's Slurm (22.05) alone: what is tested is the harvester's pace, not a Slurm version's."""
@@ -22,7 +22,7 @@ import pytest
 
 from core.horizon import FALLBACK_S
 from core.model import Event, EventKind
-from core.pilots.source import JoinHold
+from core.pilots.joins import JoinHold
 from tests.support.server import start_app
 from tests.support.slurm import HOST_VERSION, SlurmCluster, start_cluster
 from tests.support.waiting import wait
@@ -53,28 +53,49 @@ def leave(node: str) -> Event:
     return Event(0.0, EventKind.NODE_LEAVE, node=node)
 
 
-def test_joins_wait_for_starting_pilots_and_leaves_never_wait() -> None:
+BURSTS = {"a": 1, "b": 1, "c": 1, "d": 2, "x": 1}
+
+
+def burst(node: str) -> int:
+    """Nodes named n*/last went with burst 1, m* with burst 2, s* alone each (3, 4, ...)."""
+    if node in BURSTS:
+        return BURSTS[node]
+    return 2 if node.startswith("m") else 3 + int(node[1:]) if node.startswith("s") else 1
+
+
+def test_joins_wait_for_their_burst_and_leaves_never_wait() -> None:
     h = JoinHold(cap_s=60.0)
-    assert h.pass_on([join("a"), join("b")], 0.0, starting=True) == []
-    assert h.pass_on([leave("b"), leave("x")], 1.0, starting=True) == [leave("b"), leave("x")]
-    assert h.pass_on([join("c")], 2.0, starting=False) == [join("a"), join("c")], "b left before it joined"
-    assert h.held == [] and h.since is None
-    assert h.pass_on([join("d")], 3.0, starting=False) == [join("d")], "nothing starting: a join goes at once"
+    assert h.pass_on([join("a"), join("b")], 0.0, {1}, burst) == []
+    assert h.pass_on([leave("b"), leave("x")], 1.0, {1}, burst) == [leave("b"), leave("x")]
+    assert h.pass_on([join("c")], 2.0, set(), burst) == [join("a"), join("c")], "b left before it joined"
+    assert h.held == [] and h.since == {}
+    assert h.pass_on([join("d")], 3.0, set(), burst) == [join("d")], "nothing starting: a join goes at once"
+    assert h.pass_on([join("q")], 3.0, {1}, lambda node: None) == [join("q")], "an adopted pilot: never held"
 
 
-def test_a_slow_cold_start_is_held_until_no_pilot_is_starting_up_to_the_cap() -> None:
+def test_a_slow_cold_start_is_held_until_no_pilot_of_it_is_starting_up_to_the_cap() -> None:
     """128 pilots on 2 loaded cores connected over more than 30 s, the last 16 more than 10 s
     after the others; a quiet gap between joins let the first 112 through alone (seen in CI:
     the job then stayed on 112 of 128 nodes)."""
     h = JoinHold(cap_s=60.0)
     for t in range(0, 45, 5):                       # a join every 5 s for 40 s: all held
-        assert h.pass_on([join(f"n{t}")], float(t), starting=True) == []
-    assert h.pass_on([], 58.0, starting=True) == [], "a 18 s gap while pilots are starting: still held"
-    assert [e.node for e in h.pass_on([join("last")], 59.0, starting=False)] == \
+        assert h.pass_on([join(f"n{t}")], float(t), {1}, burst) == []
+    assert h.pass_on([], 58.0, {1}, burst) == [], "a 18 s gap while pilots are starting: still held"
+    assert [e.node for e in h.pass_on([join("last")], 59.0, set(), burst)] == \
         [f"n{t}" for t in range(0, 45, 5)] + ["last"]
     for t in range(0, 60, 5):
-        assert h.pass_on([join(f"m{t}")], 100.0 + t, starting=True) == []
-    assert len(h.pass_on([join("m60")], 160.0, starting=True)) == 13, "never past the cap"
+        assert h.pass_on([join(f"m{t}")], 100.0 + t, {2}, burst) == []
+    assert len(h.pass_on([join("m60")], 160.0, {2}, burst)) == 13, "never past the cap"
+
+
+def test_on_a_whole_machine_a_node_freed_alone_joins_once_its_own_pilot_is_in() -> None:
+    """Issue 59: at 10,624 nodes some pilot is always starting; a join held while any pilot
+    started waited up to the cap (hello -> allocation p99 27 s). Only its own burst counts."""
+    h = JoinHold(cap_s=60.0)
+    assert h.pass_on([join("n1")], 0.0, {1}, burst) == [], "a big burst under way"
+    for k in range(1, 20):                           # single nodes freed while it goes on
+        assert h.pass_on([join(f"s{k}")], float(k), {1, 3 + k + 1}, burst) == [join(f"s{k}")]
+    assert h.pass_on([join("n2")], 30.0, set(), burst) == [join("n1"), join("n2")]
 
 
 def test_a_cold_start_on_128_nodes_gives_the_job_every_held_node_within_a_minute(big_cluster, tmp_path):

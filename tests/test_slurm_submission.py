@@ -1,6 +1,7 @@
 """Pilots for thousands of idle nodes go out within a minute (issue 59): a poll submits up to
 `submit_batch` pilots, `submit_parallel` sbatch at once, and stops at the first that Slurm
-refuses. Slurm's commands are fakes on PATH that record when each sbatch ran."""
+refuses; the pilots sent for one lot of free nodes, over as many polls as it takes, are one
+burst (core/pilots/joins.py). Slurm's commands are fakes on PATH that record when each sbatch ran."""
 from __future__ import annotations
 
 import json
@@ -55,6 +56,11 @@ def test_a_poll_submits_its_batch_parallel_at_once(tmp_path, monkeypatch, parall
         assert len(source.book.pilots) == 8 and source._more, "4 nodes left for the next poll"
         source.poll_slurm()
         assert most_at_once(spans)[0] == NODES and not source._more
+        assert {p.burst for p in source.book.pilots.values()} == {1}, "a cold start over two polls is one burst"
+        with source.book.lock:
+            source.book.pilots.clear()              # as if they had all ended
+        source.poll_slurm()
+        assert {p.burst for p in source.book.pilots.values()} == {2}, "the next lot is a burst of its own"
     finally:
         source.close()
 

@@ -264,12 +264,19 @@ class PilotBook:
         active = sum(1 for p in self.pilots.values() if not p.releasing)
         return max(0, min(self.settings.max_pilots - len(self.pilots), self.demand - active))
 
-    def submitted(self, job: Optional[str], node: str) -> None:
-        """sbatch was run for `node` (`job`: its id, None if it failed): it counts for the rate."""
+    def submitted(self, job: Optional[str], node: str, burst: int = 0) -> None:
+        """sbatch was run for `node` (`job`: its id, None if it failed) in `burst` (JoinHold):
+        it counts for the rate."""
         with self.lock:
             self.backoff.submitted(time.monotonic())
             if job is not None:
-                self.pilots.setdefault(job, Pilot(job, node, time.monotonic()))
+                self.pilots.setdefault(job, Pilot(job, node, time.monotonic())).burst = burst
+
+    def burst_of(self, node: str) -> Optional[int]:
+        """The burst of the pilot that holds `node` (None if none does, or it was adopted)."""
+        with self.lock:
+            p = self.pilots.get(self.held.get(node, ""))
+            return p.burst if p is not None and p.burst else None
 
     def adopt(self, jobs: list[BatchJob], restarted: bool) -> list[str]:
         """An earlier run's live pilots: after a restart those running on a watched node keep

@@ -32,7 +32,7 @@ from .wire import HELLO, LEAVING, SEND_TIMEOUT_S, Wire
 __all__ = ["PilotGone", "PilotHub", "PilotLink", "valid_worker"]
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0          # from accept to a complete hello: TLS handshake and hello line
-MAX_CONNECTIONS = 4 * 64 + 64   # see PilotSettings.hub_connection_cap
+MAX_CONNECTIONS = 4 * 64 + 64   # PilotSettings.hub_connection_cap for 64 pilots
 #: connections the kernel queues for accept (clamped to net.core.somaxconn): a connect flood
 #: that overflows the queue makes a pilot's SYN be dropped, ~1 s per retransmission (at 1024, a
 #: flood of 2,000 sockets cost pilots 1-3 retransmissions; tests/test_slurm_hub_abuse.py)

@@ -30,6 +30,7 @@ class Pilot:
     releasing: bool = False     # cancelled as surplus: its node goes when it says goodbye
     adopted: bool = False       # left running by an earlier run: its node is held until it redials
     hello_at: Optional[float] = None  # time.monotonic() of its hello
+    burst: int = 0              # the submissions it went with (core/pilots/joins.py); 0: none (adopted, or its hello came first)
 
 
 def script(s: PilotSettings) -> str:

@@ -50,7 +50,7 @@ class PilotSettings:
     #   (0: at once. The main job waits for the node, and a preempted worker holds nothing its
     #   peers lack: they go on from the same step. Give seconds to let a job checkpoint first.)
     command_timeout_s: float = 5.0   # a scheduler command slower than this counts as the scheduler away
-    hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64
+    hub_max_connections: int = 0     # connections to the hub at once; 0: 4 x max_pilots + 64, at most max_pilots + 4096
     slots: int = 0                   # ranks (worker processes) per node; 0: its GPUs (Slurm GRES gpu, PBS ngpus), 1 without
     orphan_timeout_s: float = 600.0  # a pilot that lost the harvester keeps its node and redials this long
     backoff_s: float = 20.0          # a node whose pilot failed waits this long, doubled per failure in a row
@@ -98,8 +98,10 @@ class PilotSettings:
     @property
     def hub_connection_cap(self) -> int:
         """The most connections the hub keeps open at once (pilots, and connections that have
-        not said hello yet); beyond it new ones are refused (or replace the oldest waiting one)."""
-        return self.hub_max_connections or 4 * self.max_pilots + 64
+        not said hello yet); beyond it new ones are refused (or replace the oldest waiting one).
+        Room for 3 more per pilot on a small site, 4,096 more on a whole machine (10,624 pilots:
+        4 x N + 64 would want 42,560 descriptors)."""
+        return self.hub_max_connections or min(4 * self.max_pilots + 64, self.max_pilots + 4096)
 
     @property
     def dial_host(self) -> str:

@@ -29,9 +29,10 @@ finds that file adopts the running pilots squeue shows (their nodes count as hel
 a pilot that does not redial within `pending_timeout_s` is cancelled) instead of cancelling them.
 A clean stop cancels every pilot and removes the file.
 
-Joins wait while any pilot of ours is still starting or about to be sent (JoinHold): a cold
-start or a burst then reaches the controller as one decision instead of a grow per pilot, each
-a regroup that the last nodes no longer repay. Leaves never wait.
+Joins wait while a pilot of their burst is still starting or about to be sent (core/pilots/joins.py):
+a cold start or a burst then reaches the controller as one decision instead of a grow per pilot,
+each a regroup that the last nodes no longer repay; a node freed alone joins once its own pilot
+is in. Leaves never wait.
 
 GPU nodes: a node runs one rank per GPU of its GRES (`slots_of`), and its pilot asks for all of
 them (--gres=gpu:N) so that Slurm binds them to the pilot (CUDA_VISIBLE_DEVICES and the like in
@@ -49,70 +50,27 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Optional, Sequence
+from typing import Callable, Collection, Optional
 
-from ..model import Event, EventKind
+from ..model import Event
 from ..sources.base import SOURCE_DRY_RUN, SOURCE_OK, SOURCE_STALE, LiveNodeSource, SourceStatus
 from . import identity, script
 from .base import BadJobId, BatchNode, Scheduler, SchedulerUnavailable
 from .book import PilotBook
 from .canceller import Canceller
 from .hub import PilotHub
+from .joins import JOIN_CAP_TIMEOUTS, JoinHold
 from .link import PilotLink
 from .settings import PilotSettings
 from .stats import PilotStats
 
-__all__ = ["JoinHold", "PilotSource"]
+__all__ = ["PilotSource"]
 log = logging.getLogger(__name__)
-#: held joins go at the latest this many pilot connect timeouts after the first of them came
-JOIN_CAP_TIMEOUTS = 2
 #: squeue is the backstop for pilots that ended without a word (a pilot's own end closes its
 #: connection at once): read at every poll while a pilot of ours is pending or starting, else
 #: this often. sinfo is read at every poll: it finds the nodes to harvest.
 SQUEUE_BACKSTOP_S = 5.0
-
-
-@dataclass
-class JoinHold:
-    """Joins wait while pilots of ours are starting, and reach the controller together.
-
-    A cold start connects pilots one by one, milliseconds to seconds apart, in rounds of the
-    submission batch. Handed over as they come, every join is a decision: the first job grows
-    once per pilot or round, and once its pause has run out the last few nodes no longer repay a
-    regroup of all it holds (on 128 nodes a job stayed on 112 for minutes). So the joins wait
-    until every pilot sent has connected or been given up (`starting` false: a pilot counts as
-    starting for the pilot connect timeout at most, and one whose node was taken is cancelled at
-    the next squeue), never past `cap_s` after the first held join (a bound against endless
-    churn: the connect timeout counts from each pilot's submission, and the last of a
-    128-pilot cold start on 2 loaded cores connected 67 s after the first). A quiet gap between joins
-    is no sign that the round is over: on 2 loaded cores the last 16 of 128 pilots came more
-    than 10 s after the others. Leaves never wait, and a node that leaves while its join
-    waits never joins."""
-
-    cap_s: float = PilotSettings.pending_timeout_s
-    held: list[Event] = field(default_factory=list)
-    since: Optional[float] = None     # monotonic: when the oldest held join came
-
-    def pass_on(self, events: Sequence[Event], now: float, starting: bool) -> list[Event]:
-        """What goes to the controller now of `events` and the joins held before; `starting`:
-        some pilot of ours is starting (sent, not connected, not yet given up on) or about to
-        be sent (free nodes left for the next poll by the batch or the rate)."""
-        out: list[Event] = []
-        for ev in events:
-            if ev.kind is EventKind.NODE_JOIN:
-                self.held.append(ev)
-                self.since = now if self.since is None else self.since
-                continue
-            if ev.kind is EventKind.NODE_LEAVE:
-                self.held = [j for j in self.held if j.node != ev.node]
-            out.append(ev)
-        if self.held and (not starting or now - self.since >= self.cap_s):
-            out, self.held = self.held + out, []
-        if not self.held:
-            self.since = None
-        return out
 
 
 class PilotSource(LiveNodeSource):
@@ -139,6 +97,7 @@ class PilotSource(LiveNodeSource):
         self.stats = PilotStats()
         self._canceller = Canceller(self._send_cancel)
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
+        self._burst = 0         # the burst (JoinHold) of the latest pilots sent; it goes on while `_more`
         self._recheck = False   # a pilot we deleted may still be requeued: read the pilots at the next poll
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
         log.info("%s %s: watching %d node(s) of %s %s", self.title, self.version, len(self.book.names),
@@ -186,10 +145,11 @@ class PilotSource(LiveNodeSource):
             self.start(self._wake)
         mono = time.monotonic()
         with self.book.lock:
-            starting = self._more or any(not p.running and not p.adopted
-                                         and mono - p.submitted < self.settings.pending_timeout_s
-                                         for p in self.book.pilots.values())
-        return self.joins.pass_on(self.book.take_events(), mono, starting)
+            starting = {p.burst for p in self.book.pilots.values() if not p.running and not p.adopted
+                        and mono - p.submitted < self.settings.pending_timeout_s}
+        if self._more:
+            starting.add(self._burst)
+        return self.joins.pass_on(self.book.take_events(), mono, starting, self.book.burst_of)
 
     def want(self, nodes: int, in_use: Collection[str]) -> None:
         self.book.want(nodes, in_use)
@@ -350,6 +310,10 @@ class PilotSource(LiveNodeSource):
         assert hub is not None
         text, env = script.script(s), script.environment(s, hub.address[1], hub.fingerprint, self._token)
         free, room = self.free_nodes(), self.book.room()
+        nodes = free[:room]
+        if nodes and not self._more:
+            self._burst += 1                  # else these go on the burst the last poll left unfinished
+        burst = self._burst
         self._more = min(len(free), self.book.unpaced()) > room
         refused = threading.Event()
 
@@ -364,11 +328,10 @@ class PilotSource(LiveNodeSource):
                     log.warning("could not submit a pilot to %s: %s", node, e)
                 refused.set()
             finally:
-                self.book.submitted(job, node)
+                self.book.submitted(job, node, burst)
                 if job is not None:
                     self.stats.count("submitted")
 
-        nodes = free[:room]
         if len(nodes) <= 1 or s.submit_parallel == 1:
             for node in nodes:
                 one(node)
