@@ -148,9 +148,11 @@ class Run:
 
 
 def harvester_args(bin_dir: Path, nodes: int, batch: int) -> list[str]:
+    """As a site runs it for the whole machine: every other setting its default (the submission
+    batch and parallelism, the hub's connection cap)."""
     return ["--source", "slurm", "--dispatch", "simulated", "--no-profiler", "--slurm-bin", str(bin_dir.resolve()),
-            "--slurm-max-pilots", str(nodes), "--slurm-batch", str(batch or nodes),
-            "--slurm-hub-max-connections", str(4 * nodes + 64), "--metrics-interval", "0"]
+            "--slurm-max-pilots", str(nodes), *(["--slurm-batch", str(batch)] if batch else []),
+            "--metrics-interval", "0"]
 
 
 def register_jobs(app, args: argparse.Namespace, nodes: int) -> int:
@@ -279,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--job-count", type=int, default=10, help="jobs of the job set registered (default 10)")
     ap.add_argument("--wide-jobs", type=int, default=2, help="jobs registered that can use every node (default 2)")
     ap.add_argument("--batch", type=int, default=0,
-                    help="the harvester's --slurm-batch, pilots submitted per poll (default 0: all the nodes)")
+                    help="the harvester's --slurm-batch, pilots submitted per poll (default 0: the harvester's own default)")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
                     help="seconds the cold start may take before the replay starts anyway (default 300)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pilots' start delays (default 0)")

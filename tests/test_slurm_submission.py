@@ -12,6 +12,7 @@ import pytest
 
 from core.pilots.settings import PilotSettings
 from tests.support.fakeslurm import fake_slurm, slurm_source
+from tests.support.waiting import wait
 
 NODES = 12
 SBATCH = """#!{python}
@@ -74,5 +75,18 @@ def test_the_first_refusal_ends_the_round(tmp_path, monkeypatch):
         calls, _ = most_at_once(spans)
         assert 1 <= calls <= 4, f"{calls} sbatch after the first refusal: only those already under way"
         assert source.book.pilots == {}
+    finally:
+        source.close()
+
+
+def test_a_burst_sends_its_next_batch_without_waiting_for_the_next_poll(tmp_path, monkeypatch):
+    """12 free nodes, 4 a batch, a poll every 60 s: the three batches go one after another."""
+    spans = sbatch_spans(tmp_path, monkeypatch)
+    source = slurm_source(PilotSettings(submit_batch=4, submit_parallel=4, poll_s=60.0))
+    try:
+        source.want(NODES, [])
+        source.start()
+        wait(lambda: most_at_once(spans)[0] == NODES, 30, "all 12 pilots sent, not one batch a minute")
+        assert {p.burst for p in source.book.pilots.values()} == {1}
     finally:
         source.close()

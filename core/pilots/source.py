@@ -98,6 +98,7 @@ class PilotSource(LiveNodeSource):
         self._canceller = Canceller(self._send_cancel)
         self._more = False      # the last poll left free nodes it wanted for the next (the batch, the rate)
         self._burst = 0         # the burst (JoinHold) of the latest pilots sent; it goes on while `_more`
+        self._again = False     # the last poll sent a whole batch of a burst: the next one goes at once
         self._recheck = False   # a pilot we deleted may still be requeued: read the pilots at the next poll
         self._squeue_at = -float("inf")   # monotonic: the last squeue read
         log.info("%s %s: watching %d node(s) of %s %s", self.title, self.version, len(self.book.names),
@@ -231,6 +232,8 @@ class PilotSource(LiveNodeSource):
                 self.poll_slurm()
             except Exception:             # never let the watcher die: the next poll tries again
                 log.exception("reading %s failed", self.title)
+            if self._again:                 # a burst under way: the next batch at once
+                continue
             self._stop.wait(max(0.0, self.settings.poll_s - (time.monotonic() - t0)))
 
     def poll_slurm(self) -> None:
@@ -304,8 +307,10 @@ class PilotSource(LiveNodeSource):
             self._cancel_quietly(cancel)
 
     def _submit(self) -> None:
-        """This poll's pilots, `submit_parallel` submissions at once (thousands of idle nodes
-        are held within a minute); the first the scheduler refuses ends the round."""
+        """This poll's pilots, `submit_parallel` submissions at once, and the next batch of a
+        burst without waiting for the next poll (thousands of idle nodes are held within a
+        minute); the first the scheduler refuses ends the round. Only a whole batch sent without
+        a refusal goes on at once: a rate held back by failing pilots waits for the poll."""
         s, hub = self.settings, self.hub
         assert hub is not None
         text, env = script.script(s), script.environment(s, hub.address[1], hub.fingerprint, self._token)
@@ -315,6 +320,7 @@ class PilotSource(LiveNodeSource):
             self._burst += 1                  # else these go on the burst the last poll left unfinished
         burst = self._burst
         self._more = min(len(free), self.book.unpaced()) > room
+        self._again = False
         refused = threading.Event()
 
         def one(node: str) -> None:
@@ -335,9 +341,10 @@ class PilotSource(LiveNodeSource):
         if len(nodes) <= 1 or s.submit_parallel == 1:
             for node in nodes:
                 one(node)
-            return
-        with ThreadPoolExecutor(min(s.submit_parallel, len(nodes)), thread_name_prefix="pilot-submit") as pool:
-            list(pool.map(one, nodes))
+        else:
+            with ThreadPoolExecutor(min(s.submit_parallel, len(nodes)), thread_name_prefix="pilot-submit") as pool:
+                list(pool.map(one, nodes))
+        self._again = self._more and len(nodes) == s.submit_batch and not refused.is_set()
 
     def _dry_run(self) -> None:
         would = tuple(self.free_nodes()[:self.settings.max_pilots])
