@@ -1,6 +1,7 @@
 """How long one allocation takes at Summit scale, and what BFTrainer's node-level model costs.
 
     python -m bench.allocator [--json] [--repeats 20] [--node-level-limit 60] [--quick] [--quotas]
+    python -m bench.allocator --held 10624 [--held-jobs 3] [--held-steps 40] [--json]
 
 For each size (jobs x idle nodes) it draws `--repeats` seeded instances: curves, bounds and
 rescale costs from data/jobs-imagenet-1001.csv, Summit-style node names (a01n01, 18 nodes a
@@ -22,6 +23,10 @@ the node-level model has no caps and is not run.
 `--quick` (2 instances a size, 1 through HiGHS and CBC, CBC limited to 3 s; ~10 s) checks that
 every solver still runs and agrees (tests/test_bench_quick.py), not how fast.
 
+`--held N` times a live controller's step instead (bench.allocator_held): a few jobs that could
+take the whole machine hold all of N idle nodes, and each step takes a few back; p50 and p99 of
+the step and of its solve_ms.
+
 A readable table goes to stdout, progress to stderr; with --json the last stdout line is
 {"sizes": [{"jobs", "nodes", "p50_ms", "p95_ms", "highs_p50_ms", "node_level_p50_ms"}, ...]}.
 """
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.allocator_held import held_table, run_held
 from core.allocator import allocate
 from core.jobsets import load_jobset
 from core.objective import Cap, JobRequest, Problem
@@ -219,7 +225,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="owners' and accounts' node caps that bind (the node-level model is not run)")
     ap.add_argument("--quick", action="store_true",
                     help="2 instances a size, 1 through HiGHS and CBC (limit 3 s): does every solver run and agree")
+    ap.add_argument("--held", type=int, default=0, metavar="N",
+                    help="time a live controller's step with N idle nodes all held by a few big jobs instead")
+    ap.add_argument("--held-jobs", type=int, default=3, help="with --held: jobs that hold the nodes")
+    ap.add_argument("--held-steps", type=int, default=40, help="with --held: steps timed")
     args = ap.parse_args(argv)
+    if args.held:
+        row = run_held(summit_names(args.held), args.held_jobs, args.held_steps).row()
+        print(held_table(row))
+        if args.json:
+            print(json.dumps({"held": row}))
+        return 0
     if args.quick:
         args.repeats, args.highs_repeats, args.node_level_repeats, args.node_level_limit = 2, 1, 1, 3.0
     results = run(args.repeats, min(args.highs_repeats, args.repeats),

@@ -344,7 +344,9 @@ def test_the_server_takes_the_quotas_from_the_users_file_and_rereads_them(tmp_pa
         wait(lambda: app.get(f"/api/jobs/{a['id']}")[1]["nodes"] == 2, 20, "alice's job on 2 nodes")
         got = app.get(f"/api/jobs/{a['id']}")[1]
         assert got["why"] == "holds 2 nodes: alice's jobs may hold at most 2 nodes at once (the node cap)", got["why"]
-        got = app.get(f"/api/jobs/{b['id']}")[1]
+        # bob's job may be read before the step that weighs it against his quota (it came second)
+        got = wait(lambda: (lambda j: j if j["why"].startswith("queued: bob has used") else None)(
+            app.get(f"/api/jobs/{b['id']}")[1]), 10, "bob's job queued for his quota")
         assert got["state"] == "queued" and got["why"].startswith("queued: bob has used 0 of 0 node-hours today"), got
         text = app.get("/metrics")[1]
         for line in ('harvest_owner_nodes{owner="alice"} 2.0', 'harvest_owner_quota_max_nodes{owner="alice"} 2.0',

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from .base import GroupCap
+from .maxplus import maxplus_row
 
 NEG_INF = -math.inf
 
@@ -65,7 +65,7 @@ def convolve(a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
     ext = np.full(m + top + 1, NEG_INF)
     end = min(len(a), top + 1)
     ext[m: m + end] = a[:end]
-    return (sliding_window_view(ext, m + 1) + b[::-1]).max(axis=1)
+    return maxplus_row(ext, np.asarray(b, dtype=float))     # a job's table: by its linear runs
 
 
 def merge(parts: list[Item], limit: int) -> Item:

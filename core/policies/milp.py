@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from .base import SizeDecision, SizePolicy, SizeProblem, best_size
 from .caps import capped_sizes
 from .greedy import greedy_sizes
+from .maxplus import maxplus_row
 
 SOLVERS = ("dp", "highs", "cbc")
 
@@ -56,11 +56,12 @@ def dp_sizes(tables: list[np.ndarray], capacity: int, current: list[int]) -> lis
         m = tops[i]
         reach += m
         lo, hi = max(0, C - suffix[i]), min(C, reach)
-        vals = pruned[i][: m + 1][::-1]
         # ext[k] = prev at capacity (lo - m + k), clamped above, -inf below zero
         idx = np.arange(lo - m, hi + 1)
         ext = np.where(idx < 0, -math.inf, prev[np.clip(idx, prev_lo, prev_hi) - prev_lo])
-        row = (sliding_window_view(ext, m + 1) + vals).max(axis=1)
+        # the unpruned table: the same row (prev grows with capacity, so a dominated size never
+        # wins) and linear between its knots, so the row costs its runs, not rows x sizes
+        row = maxplus_row(ext, np.asarray(tables[i][: m + 1], dtype=float))
         rows.append((lo, hi, row))
         prev_lo, prev_hi, prev = lo, hi, row
     sizes = [0] * J
