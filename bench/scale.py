@@ -156,18 +156,20 @@ def harvester_args(bin_dir: Path, nodes: int, batch: int) -> list[str]:
 
 
 def register_jobs(app, args: argparse.Namespace, nodes: int) -> int:
-    """The job set's first --job-count jobs and --wide-jobs jobs as wide as the machine."""
+    """The job set's first --job-count jobs and --wide-jobs jobs as wide as the machine that
+    rescale at no cost (independent single-node work, as a hyperparameter sweep): every node
+    that joins repays a grow at once, so hello -> in the allocation times the harvester, not
+    the policy's choice to leave a node idle until a grow pays (the job set's jobs do that)."""
     jobs = compressed_jobs(args.jobs, args.job_count, args.compress)
     token = app.token("alice")
     bodies = [{"name": j.name or j.id, "min_nodes": j.min_nodes, "max_nodes": j.max_nodes,
                "total_samples": j.total_samples, "curve": curve_text(j),
                "scale_up_seconds": j.scale_up_seconds, "scale_down_seconds": j.scale_down_seconds} for j in jobs]
     rate = 1000.0 * args.compress
-    up, down = jobs[0].scale_up_seconds, jobs[0].scale_down_seconds
-    for i in range(args.wide_jobs):
-        bodies.append({"name": f"wide-{i}", "min_nodes": 1, "max_nodes": nodes, "total_samples": 1e15,
-                       "curve": f"1:{rate:g}, {nodes}:{rate * nodes * 0.9:g}",
-                       "scale_up_seconds": up, "scale_down_seconds": down})
+    for i in range(args.wide_jobs):           # first: they run from the start, whatever the job slots
+        bodies.insert(i, {"name": f"wide-{i}", "min_nodes": 1, "max_nodes": nodes, "total_samples": 1e15,
+                          "curve": f"1:{rate:g}, {nodes}:{rate * nodes * 0.9:g}",
+                          "scale_up_seconds": 0, "scale_down_seconds": 0})
     for body in bodies:
         status, answer = app.request("POST", "/api/jobs", body, token=token)
         if status != 201:
@@ -279,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="past 4,734 nodes, tile k replays the trace k times this many days later (default 1; "
                          "0: the tiles in lock step)")
     ap.add_argument("--job-count", type=int, default=10, help="jobs of the job set registered (default 10)")
-    ap.add_argument("--wide-jobs", type=int, default=2, help="jobs registered that can use every node (default 2)")
+    ap.add_argument("--wide-jobs", type=int, default=2, help="jobs registered that can use every node and rescale at no cost (default 2)")
     ap.add_argument("--batch", type=int, default=0,
                     help="the harvester's --slurm-batch, pilots submitted per poll (default 0: the harvester's own default)")
     ap.add_argument("--cold-timeout", type=float, default=300.0,
