@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from bench.facility import parse_sdiag
+from bench.facility_slurm import parse_sdiag
 from tests.support.server import AppProcess, start_app
 from tests.support.slurm import HOST_VERSION, SlurmCluster, start_cluster
 

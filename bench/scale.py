@@ -55,7 +55,7 @@ from core.replay import DEFAULT_JOBS, DEFAULT_NODE_LIST, DEFAULT_TRACE
 from core.timeutil import iso, parse_iso
 
 from . import scale_measure as measure
-from .facility import compressed_jobs, curve_text
+from .facility_slice import compressed_jobs, curve_text
 from .scale_feed import Feed, Machine, fake_commands, take_machine
 from .scale_pilots import Fleet
 from .scale_report import print_table, report
