@@ -94,3 +94,31 @@ def test_the_live_loop_steps_a_quiet_controller_when_a_replan_is_due():
         if ctl.held.get("B"):
             break
     assert ctl.held.get("B") and len(ctl.held["A"]) < 16
+
+
+def test_an_idle_live_loop_describes_the_machine_at_most_once_a_second():
+    """A snapshot describes every node (10,624 on a whole machine, ~0.3 s): a live tick that
+    stepped nothing publishes one at most once a second; a tick that stepped publishes at once."""
+    from core.model import Event, EventKind
+    from core.runners.live import IDLE_PUBLISH_S, LiveRunner
+    from core.sources.static import StaticSource
+    from tests.support.sim import controller
+    nodes = [f"a01n{i:02d}" for i in range(1, 9)]
+    ctl, clock = controller(nodes, ControllerConfig())
+    source = StaticSource(nodes)
+    runner = LiveRunner(ctl, source)
+    runner.status = "running"
+    built: list[int] = []
+    build = runner._build
+    runner._build = lambda seq: (built.append(seq), build(seq))[1]
+    runner._tick()
+    assert len(built) == 1, "the first tick publishes"
+    for _ in range(20):
+        runner._tick()
+    assert len(built) == 1, "idle ticks within a second publish nothing"
+    ctl.post(Event(clock.now(), EventKind.NODE_LEAVE, node=nodes[0]))
+    runner._tick()
+    assert len(built) == 2, "a tick that stepped publishes"
+    runner._published_at -= IDLE_PUBLISH_S
+    runner._tick()
+    assert len(built) == 3, "and an idle one after a second"

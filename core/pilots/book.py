@@ -41,6 +41,7 @@ class PilotBook:
         self.pilots: dict[str, Pilot] = {}            # job id -> a pilot of ours not known to be over
         self.held: dict[str, str] = {}                # node -> the pilot whose hello made it a join
         self.events: list[Event] = []
+        self._described: dict[str, tuple[tuple, str]] = {}   # node -> (what `describe` read, its words)
         self.demand = 0                               # nodes the jobs could use (`want`)
         self.in_use: frozenset[str] = frozenset()     # nodes the jobs hold
         self.adopted: list[str] = []                  # nodes of pilots an earlier run left running
@@ -313,8 +314,14 @@ class PilotBook:
         with self.lock:
             pilot_on = {p.node: p for p in self.pilots.values()}
             failing = self.backoff.failing()
+        memo = self._described
         for name in self.names:
             n, p, f = slurm.get(name), pilot_on.get(name), failing.get(name)
+            key = (n.label if n else None, name in would,
+                   (p.job, p.releasing, p.running, p.adopted) if p is not None else None)
+            if f is None and (seen := memo.get(name)) is not None and seen[0] == key:
+                out[name] = seen[1]            # most nodes read as they did a second ago
+                continue
             text = f"{self.title}: {n.label if n else 'unknown'}"
             if p is not None:
                 text += f", pilot {p.job}" + (" releasing" if p.releasing else "" if p.running else
@@ -325,6 +332,7 @@ class PilotBook:
                 wait = f"next pilot in {f.until - now:.0f} s" if f.until > now else "may get a pilot again"
                 text += f", {f.failures} failed pilot(s) in a row ({wait}): {f.reason}"
             out[name] = text
+            memo[name] = (key, text)
         return out
 
     def failing_note(self) -> str:

@@ -117,7 +117,8 @@ class Runner:
         """One step of the loop (also callable directly, e.g. from a test)."""
         self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self, publish: bool = True) -> None:
+        """One step of the run, then (unless `publish` is False) a new snapshot for the web tier."""
         with self._lock:
             if self.status not in self._ticking:
                 return
@@ -133,7 +134,12 @@ class Runner:
                     self.status = "finished"
             if not more:
                 self._unschedule()
-        self._publish()
+        if publish and self._publish_due():
+            self._publish()
+
+    def _publish_due(self) -> bool:
+        """Whether a tick's snapshot is worth building (every tick, unless a runner says)."""
+        return True
 
     #: statuses in which a tick does work (a paused replay does nothing; a paused live run
     #: still honours leaves)
