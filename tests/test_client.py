@@ -420,13 +420,21 @@ def test_harvest_watch_streams_a_jobs_events_and_progress_until_it_ends(app, ali
     assert watcher.returncode == 1 and err == "", (out, err)
     assert "job_cancel" in out and f"{long_id} cancelled" in out, out
     other = alice.submit(name="watched, then left", **LONG)["id"]
-    watcher = subprocess.Popen([sys.executable, "-m", "app.harvest_cli", "watch", other, "--poll", "0.3"], cwd=ROOT,
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # its output to files: the test waits for the watcher's own exit, not for its pipes' EOF
+    # (in two full runs `communicate` timed out here; this says which of the two it was)
+    out_file, err_file = tmp_path / "watch.out", tmp_path / "watch.err"
+    with out_file.open("w") as o, err_file.open("w") as e:
+        watcher = subprocess.Popen([sys.executable, "-m", "app.harvest_cli", "watch", other, "--poll", "0.3"],
+                                   cwd=ROOT, env=env, stdout=o, stderr=e, text=True)
     try:
         wait(lambda: alice.job(other)["state"] == "running", 20, "the other job to run")
         time.sleep(1.5)                                  # past its first look
         watcher.send_signal(2)                           # Ctrl-C
-        out, err = watcher.communicate(timeout=30)
+        try:
+            watcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"harvest watch did not exit on Ctrl-C: {out_file.read_text()!r}") from None
+        out, err = out_file.read_text(), err_file.read_text()
         assert watcher.returncode == 130 and "Traceback" not in err, (out, err)
         assert alice.job(other)["state"] == "running", "watching is not the job: it goes on"
     finally:
