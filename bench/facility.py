@@ -49,8 +49,6 @@ calculation in docs/evaluation/facility.md.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import tempfile
 import time
@@ -60,6 +58,7 @@ from typing import Optional
 from bench.facility_lag import write_lags
 from bench.facility_report import histogram_quantile, period_lags, print_table, report
 from bench.facility_slice import compressed_jobs, replay_prediction, take_slice
+from bench.results import hand_over
 from bench.facility_slurm import log, parse_sdiag, play
 from core.replay import DEFAULT_JOBS, DEFAULT_NODE_LIST, DEFAULT_TRACE
 from core.timeutil import parse_iso
@@ -123,12 +122,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.plot:
         from bench.facility_plot import plot
         log(f"plot: {plot(sl, without, with_, r, args.plot)}")
-    if args.save:
-        args.save.write_text(json.dumps(r, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(r))
-    if not args.keep:
-        shutil.rmtree(folder, ignore_errors=True)
+    hand_over(r, args.save, args.json, folder, bool(args.keep))
     return 0
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import json
 import resource
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from core.timeutil import iso, parse_iso
 
 from . import scale_measure as measure
 from .facility_slice import compressed_jobs, curve_text
+from .results import hand_over
 from .scale_feed import Feed, Machine, fake_commands, take_machine
 from .scale_pilots import Fleet
 from .scale_report import print_table, report
@@ -312,13 +312,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     r["bench_s"] = round(time.monotonic() - t0, 1)
     r["start"] = iso(parse_iso(args.start))
     print_table(r)
-    if args.save:
-        args.save.write_text(json.dumps(r, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(r))
-    if not args.keep:
-        import shutil
-        shutil.rmtree(folder, ignore_errors=True)
+    hand_over(r, args.save, args.json, folder, bool(args.keep))
     return 0
 
 
