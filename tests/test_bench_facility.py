@@ -7,7 +7,6 @@ themselves are the bench's to report (README), not this test's: on a shared 2-co
 vary from run to run."""
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from pathlib import Path
@@ -18,19 +17,16 @@ from bench.facility_slice import idle_periods, take_slice
 from bench.facility_slurm import parse_sdiag
 from core.model import Curve, Event, EventKind, Job
 from core.store import Batch, Store
-from core.timeutil import parse_iso
+from core.timeutil import iso, parse_iso
+from tests.support.files import write_trace
 from tests.support.procs import last_json, run_module
 
 T0 = parse_iso("2021-02-10T00:00:00Z")
 
 
 def trace(tmp_path: Path, rows: list[tuple[float, str, str]]) -> Path:
-    p = tmp_path / "t.csv.gz"
-    with gzip.open(p, "wt") as fh:
-        fh.write("time,node,state\n")
-        for t, node, state in rows:
-            fh.write(f"2021-02-10T{int(t) // 3600:02d}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}Z,{node},{state}\n")
-    return p
+    """A node trace of `rows` (seconds after T0, node, state)."""
+    return write_trace(tmp_path / "t.csv", [(iso(T0 + t), node, state) for t, node, state in rows])
 
 
 def test_the_slice_has_a_main_job_per_busy_period_cut_to_the_window_and_compressed(tmp_path):

@@ -5,7 +5,6 @@ sane values. How fast is the bench's to report (docs/evaluation/scale.md), not t
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import sqlite3
 from pathlib import Path
@@ -14,20 +13,16 @@ from bench.scale_feed import Feed, Machine, take_machine, tile_name
 from bench.scale_measure import burst_alloc_s, hello_to_alloc_ms, leave_to_shrunk_ms, read_changes
 from bench.scale_pilots import PilotRecord, reply
 from core.slurm.parse import parse_jobs, parse_nodes
-from core.timeutil import parse_iso
+from core.timeutil import iso, parse_iso
+from tests.support.files import write_trace
 from tests.support.procs import last_json, run_module
 
 T0 = parse_iso("2021-02-10T00:00:00Z")
 
 
 def trace(tmp_path: Path, rows: list[tuple[float, str, str]]) -> Path:
-    p = tmp_path / "t.csv.gz"
-    with gzip.open(p, "wt") as fh:
-        fh.write("time,node,state\n")
-        for t, node, state in rows:
-            fh.write(f"2021-02-{10 + int(t) // 86400:02d}T{int(t) % 86400 // 3600:02d}:{int(t) % 3600 // 60:02d}:"
-                     f"{int(t) % 60:02d}Z,{node},{state}\n")
-    return p
+    """A node trace of `rows` (seconds after T0, node, state)."""
+    return write_trace(tmp_path / "t.csv", [(iso(T0 + t), node, state) for t, node, state in rows])
 
 
 def test_tiles_rename_the_nodes_and_shift_the_trace_by_a_day_each(tmp_path):
